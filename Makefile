@@ -1,0 +1,32 @@
+# revgate: two commands on a fresh machine, `make demo` and `make test`.
+SHELL := /bin/bash
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: setup demo test test-fast lint bench zoo clean
+
+setup:
+	bash .ci/setup
+
+zoo: setup
+	$(PY) -m cli.main models make .cache/zoo
+
+demo: setup
+	$(PY) -m cli.main demo
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q tests/unit -m "not lint"
+
+lint: setup
+	$(PY) -m pytest -q tests/unit -m lint
+
+bench: setup
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,48 @@
+"""The ``revgate`` command. Each command module registers its own subcommands.
+
+Heavy imports (prefect, mlflow, torch, vllm clients) happen inside command handlers, so
+``revgate --help`` and the data-plane commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from manifests.errors import RevgateError
+
+# Each module defines ``register(subparsers)`` and sets ``func`` on its parsers.
+COMMAND_MODULES = (
+    "cli.artifacts",
+    "cli.models",
+    "cli.worker",
+    "cli.routes",
+    "cli.evaluate",
+    "cli.demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser."""
+    parser = argparse.ArgumentParser(prog="revgate", description=__doc__.splitlines()[0] if __doc__ else None)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; exit code 0 only on success, 2 on a revgate error with its explanation."""
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except RevgateError as error:
+        print(f"revgate: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

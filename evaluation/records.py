@@ -1,0 +1,70 @@
+"""The request record: one line per attempt, written by the router and replay, read by the gates.
+
+Kept free of heavy imports (no scipy, no pydantic on the write path) because the router writes one
+per request. Times are Unix seconds as floats; records are evidence, not canonical documents.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["ok", "error", "timeout", "cancelled", "rejected"]
+Arm = Literal["stable", "candidate", "shadow", "direct"]
+OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "timeout", "cancelled", "rejected")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request attempt as seen by the component that served or replayed it."""
+
+    request_id: str
+    revision: str  # service revision fingerprint (sha256:...) or the upstream's served model name
+    arm: Arm
+    arrival_s: float
+    outcome: Outcome
+    attempt: int = 1
+    route: str = ""
+    generation: int = 0
+    tenant: str = ""
+    slices: dict[str, str] = field(default_factory=dict)
+    endpoint: str = ""
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    status_code: int | None = None
+    error: str = ""
+    output_text: str | None = None
+    reference: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Arrival to first visible token."""
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(last - first) / (N - 1); undefined for fewer than two output tokens."""
+        if self.first_token_s is None or self.last_token_s is None or not self.output_tokens:
+            return None
+        if self.output_tokens < 2:
+            return None
+        return (self.last_token_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def e2e_s(self) -> float | None:
+        """Arrival to last token (or to the failure, when there was no token)."""
+        return None if self.last_token_s is None else self.last_token_s - self.arrival_s
+
+    def to_json(self) -> str:
+        """One JSON line (no trailing newline)."""
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> RequestRecord:
+        """Parse one line written by :meth:`to_json`; unknown fields are an error."""
+        data: dict[str, Any] = json.loads(line)
+        return cls(**data)

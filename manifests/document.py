@@ -1,0 +1,63 @@
+"""Frozen, strict pydantic base for every hashable document."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from manifests.canonical import canonical_json, digest_of
+from manifests.errors import ManifestInvalid
+
+API_VERSION = "revgate/v1"
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem: ``field.path: message``."""
+    lines = []
+    for problem in error.errors():
+        location = ".".join(str(part) for part in problem["loc"]) or "<root>"
+        lines.append(f"{location}: {problem['msg']}")
+    return "; ".join(lines)
+
+
+class Document(BaseModel):
+    """A declarative, versioned document with a canonical form and a content digest.
+
+    Strict and frozen: a malformed document cannot be constructed, and a constructed one
+    cannot change, so its digest is stable for its lifetime.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    def canonical(self) -> bytes:
+        """The canonical JSON bytes of this document."""
+        return canonical_json(self.model_dump(mode="json"))
+
+    @property
+    def digest(self) -> str:
+        """``sha256:<hex>`` over the canonical JSON."""
+        return digest_of(self.model_dump(mode="json"))
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, source: str = "") -> Self:
+        """Parse and validate; a :class:`ManifestInvalid` names each bad field."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as error:
+            raise ManifestInvalid(
+                f"invalid {cls.__name__}: {describe_validation_error(error)}",
+                where=source or "<input>",
+                fix="Correct the named fields; the document was not loaded.",
+            ) from None
+
+    @classmethod
+    def build(cls, **fields: object) -> Self:
+        """Construct from Python values (lists allowed for tuples); errors as :meth:`from_json`."""
+        try:
+            return cls.model_validate(fields, strict=False)
+        except ValidationError as error:
+            raise ManifestInvalid(
+                f"invalid {cls.__name__}: {describe_validation_error(error)}",
+                fix="Correct the named fields.",
+            ) from None

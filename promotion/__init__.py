@@ -1,0 +1,1 @@
+"""revgate promotion package."""

@@ -1,0 +1,1 @@
+"""revgate serving package."""

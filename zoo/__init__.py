@@ -1,0 +1,1 @@
+"""Reference model revisions: tiny real LLMs with known, measurable differences."""
