@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Final, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from manifests.canonical import canonical_json, digest_of
 from manifests.errors import ManifestInvalid
 
-API_VERSION = "revgate/v1"
+API_VERSION: Final = "revgate/v1"
 
 
 def describe_validation_error(error: ValidationError) -> str:
