@@ -1,10 +1,183 @@
-"""revgate command-line: routes commands."""
+"""revgate command-line: ``route show|history|set`` and ``router``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+
+from manifests.errors import RevgateError
+from manifests.route import RouteNotFound, RouteSnapshot, RouteStore
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add this module's subcommands (none yet)."""
+    """Add ``route`` and ``router``."""
+    route = subparsers.add_parser("route", help="show, list or change a route's snapshots")
+    actions = route.add_subparsers(dest="route_command", required=True)
+    show = actions.add_parser("show", help="print the current snapshot")
+    _store_args(show)
+    show.set_defaults(func=_show)
+    history = actions.add_parser("history", help="print every committed generation, oldest first")
+    _store_args(history)
+    history.set_defaults(func=_history)
+    change = actions.add_parser("set", help="commit the next generation (compare-and-swap)")
+    _store_args(change)
+    _set_args(change)
+    change.set_defaults(func=_set)
+    router = subparsers.add_parser("router", help="run the OpenAI-compatible router for one route")
+    _router_args(router)
+    router.set_defaults(func=_router)
+
+
+def _store_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--routes", required=True, help="route store: DIR, file:///DIR or s3://BUCKET/PREFIX")
+    parser.add_argument("--route", default="default", help="route name (default: default)")
+
+
+def _set_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stable", help="stable revision fingerprint (default: keep the current one)")
+    parser.add_argument("--stable-endpoints", help="comma-separated http://host:port list")
+    parser.add_argument("--stable-model", help="model name the stable endpoints serve")
+    parser.add_argument("--candidate", help="candidate fingerprint; 'none' removes the candidate")
+    parser.add_argument("--candidate-endpoints")
+    parser.add_argument("--candidate-model")
+    parser.add_argument("--weight-ppm", type=int, default=0, help="candidate share, parts per million")
+    parser.add_argument("--shadow", help="shadow fingerprint; 'none' removes the shadow")
+    parser.add_argument("--shadow-endpoints")
+    parser.add_argument("--shadow-model")
+    parser.add_argument("--sample-ppm", type=int, default=0, help="mirrored share, parts per million")
+    parser.add_argument("--side-effecting-tools", default="*", help="comma-separated tool names, '*' for all")
+    parser.add_argument("--lease-s", type=int, default=3600, help="candidate and shadow lease, seconds from now")
+    parser.add_argument("--expect-generation", type=int, help="fail unless the store is at this generation")
+    parser.add_argument("--created-by", required=True, help="who makes this change (audit trail)")
+
+
+def _router_args(parser: argparse.ArgumentParser) -> None:
+    _store_args(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--admin-host", default="127.0.0.1")
+    parser.add_argument("--admin-port", type=int, help="admin and /metrics port (default: --port + 1)")
+    parser.add_argument("--admin-token-file", type=Path, help="file holding the admin bearer token")
+    parser.add_argument("--records", type=Path, help="JSON-lines request records file")
+    parser.add_argument("--paired-records", type=Path, help="JSON-lines shadow paired records file")
+    parser.add_argument("--record-outputs", action="store_true", help="keep output text in request records")
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between store polls")
+
+
+def _open(args: argparse.Namespace) -> RouteStore:
+    from registry.route_store import open_route_store  # noqa: PLC0415 - keep `revgate --help` fast
+
+    return open_route_store(args.routes)
+
+
+def _current(args: argparse.Namespace) -> RouteSnapshot:
+    snapshot = _open(args).read(args.route)
+    if snapshot is None:
+        fix = "Create it with `revgate route set`."
+        raise RouteNotFound(f"route {args.route!r} has no snapshot", where=args.routes, fix=fix)
+    return snapshot
+
+
+def _show(args: argparse.Namespace) -> int:
+    print(json.dumps(_current(args).model_dump(mode="json"), indent=2, sort_keys=True))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    for snapshot in _open(args).history(args.route):
+        candidate = snapshot.candidate
+        canary = f" candidate={candidate.short}@{candidate.weight_ppm}ppm" if candidate else ""
+        shadow = f" shadow={snapshot.shadow.short}" if snapshot.shadow else ""
+        print(f"{snapshot.generation:>6} {snapshot.created_at.isoformat()} {snapshot.created_by:<16} "
+              f"stable={snapshot.stable.short}{canary}{shadow}")
+    return 0
+
+
+def _endpoints(text: str | None, previous: tuple[str, ...] | None, flag: str) -> list[str]:
+    if text:
+        return [item.strip() for item in text.split(",") if item.strip()]
+    if previous:
+        return list(previous)
+    raise RevgateError(f"{flag} is required", where=flag, fix="Give a comma-separated list of http://host:port.")
+
+
+def proposed_snapshot(args: argparse.Namespace, current: RouteSnapshot | None, now: datetime) -> RouteSnapshot:
+    """The snapshot ``route set`` would commit on top of ``current``."""
+    lease = (now + timedelta(seconds=args.lease_s)).isoformat()
+    stable = current.stable if current else None
+    fields: dict[str, Any] = {
+        "route": args.route,
+        "generation": (args.expect_generation if args.expect_generation is not None else
+                       (current.generation if current else 0)) + 1,
+        "stable": {
+            "fingerprint": args.stable or (stable.fingerprint if stable else ""),
+            "endpoints": _endpoints(args.stable_endpoints, stable.endpoints if stable and not args.stable else None,
+                                    "--stable-endpoints"),
+            "served_model": args.stable_model or (stable.served_model if stable and not args.stable else None),
+        },
+        "created_by": args.created_by,
+        "created_at": now.isoformat(),
+    }
+    if args.candidate and args.candidate != "none":
+        fields["candidate"] = {"fingerprint": args.candidate, "weight_ppm": args.weight_ppm, "lease_expires_at": lease,
+                               "endpoints": _endpoints(args.candidate_endpoints, None, "--candidate-endpoints"),
+                               "served_model": args.candidate_model}
+    if args.shadow and args.shadow != "none":
+        tools = [item.strip() for item in args.side_effecting_tools.split(",") if item.strip()]
+        fields["shadow"] = {"fingerprint": args.shadow, "sample_ppm": args.sample_ppm, "lease_expires_at": lease,
+                            "endpoints": _endpoints(args.shadow_endpoints, None, "--shadow-endpoints"),
+                            "served_model": args.shadow_model, "side_effecting_tools": tools}
+    if current is not None:
+        # Absent flags keep what the route has; "none" removes a candidate or shadow.
+        if args.candidate is None and current.candidate is not None:
+            fields["candidate"] = current.candidate.model_dump(mode="json")
+        if args.shadow is None and current.shadow is not None:
+            fields["shadow"] = current.shadow.model_dump(mode="json")
+        fields.update(failure_domains=current.failure_domains, request_timeout_ms=current.request_timeout_ms,
+                      max_retries=current.max_retries)
+    return RouteSnapshot.build(**fields)
+
+
+def _set(args: argparse.Namespace) -> int:
+    store = _open(args)
+    snapshot = proposed_snapshot(args, store.read(args.route), datetime.now(UTC))
+    store.write(snapshot)
+    print(f"route {snapshot.route}: committed generation {snapshot.generation}")
+    return 0
+
+
+def _router(args: argparse.Namespace) -> int:
+    from serving.router import RouterConfig, check_config, run_router  # noqa: PLC0415 - data plane only here
+
+    token = args.admin_token_file.read_text().strip() if args.admin_token_file else None
+    config = RouterConfig(route=args.route, records=args.records, paired_records=args.paired_records,
+                          admin_token=token, poll_interval_s=args.poll_interval, record_outputs=args.record_outputs)
+    check_config(config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    admin_port = args.admin_port if args.admin_port is not None else args.port + 1
+    coroutine = run_router(_open(args), config, host=args.host, port=args.port, admin_host=args.admin_host,
+                           admin_port=admin_port)
+    _run_until_signal(coroutine)
+    return 0
+
+
+def _run_until_signal(coroutine: Any) -> None:
+    """Run on uvloop; SIGTERM and SIGINT end the router cleanly (records flushed)."""
+    import uvloop  # noqa: PLC0415 - only the router needs it
+
+    async def main() -> None:
+        task = asyncio.ensure_future(coroutine)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    uvloop.run(main())

@@ -1,10 +1,33 @@
-"""revgate command-line: worker commands."""
+"""revgate command-line: the worker agent (``revgate worker --host H --port P --cache DIR --token-file F``)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+from pathlib import Path
 from typing import Any
+
+from serving.worker_main import serve_worker
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add this module's subcommands (none yet)."""
+    """Add ``revgate worker``."""
+    parser = subparsers.add_parser("worker", help="run the worker agent that owns this host's vLLM replicas")
+    parser.add_argument("--host", default="127.0.0.1", help="address of the control API and replica proxies")
+    parser.add_argument("--port", type=int, required=True, help="port of the control API")
+    parser.add_argument("--cache", type=Path, required=True, help="host cache for artifacts, signatures and logs")
+    parser.add_argument("--token-file", type=Path, required=True, help="file holding the control API's bearer token")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="engine device (cuda: GPU vLLM)")
+    parser.add_argument("--engine-python", type=Path, default=None,
+                        help="interpreter of the engine environment (default: $REVGATE_ENGINE_PYTHON or .venv-engine)")
+    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds a replica may take to load")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve the control API until interrupted; on shutdown every replica is drained."""
+    asyncio.run(serve_worker(
+        host=args.host, port=args.port, cache=args.cache, token_file=args.token_file,
+        device=args.device, engine_python=args.engine_python, startup_timeout_s=args.startup_timeout,
+    ))
+    return 0

@@ -1,0 +1,443 @@
+"""Joint, per-slice, sequential gates over a candidate and the concurrent stable baseline.
+
+Each gate is a small object with one method, ``evaluate(evidence) -> GateResult`` (the shape of
+sigstore's verification policies), and :class:`AllOf` combines them: every gate must pass, there is
+no blended score. :func:`gates_from_policy` builds the standard set from a :class:`GatePolicy`, and
+:func:`judge` turns the results into a :class:`GateReport` bound to the evidence digest.
+
+Comparisons (quality, errors, latency) are group-sequential: the statistic is evaluated at the
+planned looks (every ``look_every`` samples per arm, up to ``max_samples_per_stage``) against an
+alpha-spending boundary, so the controller may call a gate as often as it likes; extra calls see
+the same planned looks and cannot inflate the error rate. At the first look whose repeated
+confidence interval shows the candidate worse than stable, the gate fails; at the first look that
+shows it within the margin, it passes. Slices share the family-wise alpha by Bonferroni.
+SLO attainment and the traffic split use confidence sequences, valid at every sample size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from evaluation import metrics, sequential
+from evaluation.records import RequestRecord
+from manifests.canonical import sha256_digest
+from manifests.gates import GatePolicy, GateReport, GateResult, LatencyMetric, Outcome, SliceResult, SloTarget
+
+FAILED = ("error", "timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the gates read: both arms' records from the same window, and graded scores by request id."""
+
+    stable: tuple[RequestRecord, ...]
+    candidate: tuple[RequestRecord, ...]
+    stable_scores: Mapping[str, float] = field(default_factory=dict)
+    candidate_scores: Mapping[str, float] = field(default_factory=dict)
+    expected_candidate_share: float | None = None  # the route's weight, for the sample-ratio check
+    final: bool = False  # the stage has ended: missing evidence on critical slices is now a failure
+
+    def digest(self) -> str:
+        """A digest over every record and score, so an approval binds to exactly this evidence."""
+        lines = sorted(r.to_json() for r in (*self.stable, *self.candidate))
+        scores = sorted(f"{arm}:{rid}:{score!r}" for arm, table in (("s", self.stable_scores), ("c", self.candidate_scores))
+                        for rid, score in table.items())
+        return sha256_digest("\n".join([*lines, *scores]).encode())
+
+
+class Gate(Protocol):
+    """A gate decides pass, fail or inconclusive from the evidence."""
+
+    def evaluate(self, evidence: Evidence) -> GateResult: ...
+
+
+def fmt(value: float | None, places: int = 4) -> str:
+    """A number as a decimal string for a report ("none" when unknown)."""
+    if value is None or not math.isfinite(value):
+        return "none" if value is None else ("inf" if value > 0 else "-inf")
+    return f"{value:.{places}f}"
+
+
+def combine(outcomes: Sequence[Outcome]) -> Outcome:
+    """Any fail fails; all pass passes; anything else (including nothing) is inconclusive."""
+    if "fail" in outcomes:
+        return "fail"
+    if outcomes and all(o == "pass" for o in outcomes):
+        return "pass"
+    return "inconclusive"
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf:
+    """Every member gate must pass."""
+
+    gates: tuple[Gate, ...]
+    name: str = "all-of"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """The members' combined outcome, each member's outcome among the numbers."""
+        results = [gate.evaluate(evidence) for gate in self.gates]
+        outcome = combine([r.outcome for r in results])
+        failing = [r.gate for r in results if r.outcome != "pass"]
+        reason = "all gates pass" if outcome == "pass" else f"not passing: {', '.join(failing)}"
+        return GateResult(gate=self.name, outcome=outcome, reason=reason, numbers={r.gate: r.outcome for r in results})
+
+
+# --- sequential two-arm comparison -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSeries:
+    """One arm's observations in arrival order: arrival times and values."""
+
+    arrivals: NDArray[np.float64]
+    values: NDArray[np.float64]
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[float, float]]) -> ArmSeries:
+        """Sort (arrival, value) pairs by arrival."""
+        ordered = sorted(pairs)
+        return cls(np.array([p[0] for p in ordered], dtype=float), np.array([p[1] for p in ordered], dtype=float))
+
+    def __len__(self) -> int:
+        return int(self.values.size)
+
+
+Estimator = Callable[[NDArray[np.float64], NDArray[np.float64]], tuple[float, float]]
+
+
+def proportion_gap(worse: NDArray[np.float64], better: NDArray[np.float64]) -> tuple[float, float]:
+    """mean(worse) - mean(better) with Agresti-Caffo pseudo-counts, and its standard error.
+
+    The pseudo-counts keep the standard error positive when a slice is all right or all wrong.
+    For scores in [0, 1], m(1 - m) bounds the variance, so the interval stays conservative.
+    """
+    m_w = (worse.sum() + 1.0) / (worse.size + 2.0)
+    m_b = (better.sum() + 1.0) / (better.size + 2.0)
+    se = math.sqrt(m_w * (1 - m_w) / (worse.size + 2.0) + m_b * (1 - m_b) / (better.size + 2.0))
+    return float(m_w - m_b), se
+
+
+def mean_gap(worse: NDArray[np.float64], better: NDArray[np.float64]) -> tuple[float, float]:
+    """mean(worse) - mean(better) and its Welch standard error."""
+    if worse.size < 2 or better.size < 2:
+        return 0.0, math.inf
+    se = math.sqrt(worse.var(ddof=1) / worse.size + better.var(ddof=1) / better.size)
+    return float(worse.mean() - better.mean()), se
+
+
+def sequential_compare(worse: ArmSeries, better: ArmSeries, estimator: Estimator, alpha: float,
+                       policy: GatePolicy, margin: float) -> sequential.SequentialDecision:
+    """Evaluate the planned looks made so far (``worse`` is the arm whose excess counts as harm).
+
+    A look of size n happens once both arms have n observations; it uses every observation that
+    arrived by then. Observations after the stage's maximum are outside the plan and are ignored.
+    """
+    horizon = policy.max_samples_per_stage
+    sizes = sequential.look_sizes(horizon, policy.look_every)
+    bounds = sequential.spending_boundary(alpha, sequential.look_fractions(horizon, policy.look_every))
+    looks = []
+    for size, bound in zip(sizes, bounds, strict=True):
+        if min(len(worse), len(better)) < size:
+            break
+        at = max(worse.arrivals[size - 1], better.arrivals[size - 1])
+        n_w = int(np.searchsorted(worse.arrivals, at, side="right"))
+        n_b = int(np.searchsorted(better.arrivals, at, side="right"))
+        estimate, se = estimator(worse.values[:n_w], better.values[:n_b])
+        looks.append(sequential.SequentialLook(size, estimate, se, bound))
+    return sequential.decide_shift(tuple(looks), margin)
+
+
+def decision_numbers(decision: sequential.SequentialDecision, candidate: ArmSeries, stable: ArmSeries) -> dict[str, str]:
+    """The numbers a release manager reads: samples, the deciding (or last) look's estimate, interval, boundary.
+
+    ``estimate`` is how much worse the candidate is (positive = worse); ``lower``/``upper`` bound it.
+    """
+    numbers = {"candidate_samples": str(len(candidate)), "stable_samples": str(len(stable)), "looks": str(len(decision.looks))}
+    if decision.looks:
+        last = next((lk for lk in decision.looks if lk.samples == decision.decided_at), decision.looks[-1])
+        numbers |= {"look_samples": str(last.samples), "estimate": fmt(last.estimate), "lower": fmt(last.lower()),
+                    "upper": fmt(last.upper()), "boundary_z": fmt(last.boundary, 3)}
+    return numbers
+
+
+# --- quality per slice ---------------------------------------------------------------------------
+
+
+def _scored(records: Sequence[RequestRecord], scores: Mapping[str, float], keys: Sequence[str]) -> dict[str, list[tuple[float, float]]]:
+    by_slice: dict[str, list[tuple[float, float]]] = {}
+    for record in records:
+        if record.outcome == "ok" and record.request_id in scores:
+            by_slice.setdefault(metrics.slice_name(record, keys), []).append((record.arrival_s, scores[record.request_id]))
+    return by_slice
+
+
+@dataclass(frozen=True, slots=True)
+class QualityGate:
+    """Per-slice non-inferiority of the candidate's graded quality against stable."""
+
+    policy: GatePolicy
+    name: str = "quality"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Bonferroni across slices; small slices inconclusive; critical slices without evidence fail at the end."""
+        keys = self.policy.slice_keys
+        stable = _scored(evidence.stable, evidence.stable_scores, keys)
+        candidate = _scored(evidence.candidate, evidence.candidate_scores, keys)
+        names = sorted(set(stable) | set(candidate) | {c for c in self.policy.critical_slices})
+        alpha = float(self.policy.alpha) / max(len(names), 1)
+        slices = tuple(self._slice(n, stable.get(n, []), candidate.get(n, []), alpha, evidence.final) for n in names)
+        outcome = combine([s.outcome for s in slices])
+        worst = [s.slice for s in slices if s.outcome == outcome and outcome != "pass"]
+        reason = "every slice non-inferior" if outcome == "pass" else f"{outcome}: {', '.join(worst) or 'no graded traffic'}"
+        return GateResult(gate=self.name, outcome=outcome, reason=reason,
+                          numbers={"slices": str(len(names)), "alpha_per_slice": fmt(alpha, 6)}, slices=slices)
+
+    def decision(self, stable: ArmSeries, candidate: ArmSeries, alpha: float) -> sequential.SequentialDecision:
+        """The sequential comparison for one slice (stable - candidate: positive means the candidate is worse)."""
+        return sequential_compare(stable, candidate, proportion_gap, alpha, self.policy, float(self.policy.quality_margin))
+
+    def _slice(self, name: str, stable_pairs: list[tuple[float, float]], candidate_pairs: list[tuple[float, float]],
+               alpha: float, final: bool) -> SliceResult:
+        stable, candidate = ArmSeries.of(stable_pairs), ArmSeries.of(candidate_pairs)
+        decision = self.decision(stable, candidate, alpha)
+        numbers = decision_numbers(decision, candidate, stable) | {
+            "stable_mean": fmt(float(stable.values.mean()) if len(stable) else None),
+            "candidate_mean": fmt(float(candidate.values.mean()) if len(candidate) else None)}
+        critical = name in self.policy.critical_slices
+        outcome, reason = _slice_outcome(decision, min(len(stable), len(candidate)), self.policy.min_samples_per_slice,
+                                         critical and final)
+        return SliceResult(slice=name, outcome=outcome, reason=reason, numbers=numbers)
+
+
+def _slice_outcome(decision: sequential.SequentialDecision, samples: int, minimum: int, must_decide: bool) -> tuple[Outcome, str]:
+    if decision.verdict == "worse":
+        return "fail", f"worse than stable at look n={decision.decided_at}"
+    if samples < minimum:
+        if must_decide:
+            return "fail", f"critical slice has {samples} < {minimum} samples at the end of the stage"
+        return "inconclusive", f"{samples} < {minimum} samples"
+    if decision.verdict == "within":
+        return "pass", f"within the margin at look n={decision.decided_at}"
+    if must_decide:
+        return "fail", "critical slice undecided at the end of the stage"
+    return "inconclusive", "no boundary crossed yet"
+
+
+# --- error rate and latency ---------------------------------------------------------------------
+
+
+def _series(records: Sequence[RequestRecord], value: Callable[[RequestRecord], float | None]) -> ArmSeries:
+    pairs = [(r.arrival_s, v) for r in records if (v := value(r)) is not None]
+    return ArmSeries.of(pairs)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRateGate:
+    """Errors and timeouts among admitted requests: candidate not worse than stable by more than the margin."""
+
+    policy: GatePolicy
+    name: str = "errors"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Sequential two-proportion comparison of the failure rate."""
+        def failed(r: RequestRecord) -> float | None:
+            return None if r.outcome == "rejected" else float(r.outcome in FAILED)
+
+        candidate, stable = _series(evidence.candidate, failed), _series(evidence.stable, failed)
+        decision = sequential_compare(candidate, stable, proportion_gap, float(self.policy.alpha), self.policy,
+                                      float(self.policy.error_margin))
+        outcome, reason = _slice_outcome(decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False)
+        rates = {f"candidate_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.candidate).items()}
+        rates |= {f"stable_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.stable).items()}
+        return GateResult(gate=self.name, outcome=outcome, reason=reason, numbers=decision_numbers(decision, candidate, stable) | rates)
+
+
+def log_latency(metric: LatencyMetric) -> Callable[[RequestRecord], float | None]:
+    """log(seconds) of ``metric`` for successful records (None when undefined)."""
+    def value(record: RequestRecord) -> float | None:
+        seconds = metrics.latency_s(record, metric) if record.outcome == "ok" else None
+        return math.log(seconds) if seconds is not None and seconds > 0 else None
+
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyGate:
+    """Shift of mean log latency against stable: a relative slowdown beyond the margin fails."""
+
+    policy: GatePolicy
+    metric: LatencyMetric
+    alpha: float
+
+    @property
+    def name(self) -> str:
+        """Gate name, e.g. ``latency-ttft``."""
+        return f"latency-{self.metric}"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Sequential Welch comparison of log latency; the estimate is reported as a ratio too."""
+        candidate = _series(evidence.candidate, log_latency(self.metric))
+        stable = _series(evidence.stable, log_latency(self.metric))
+        margin = math.log1p(float(self.policy.latency_margin))
+        decision = sequential_compare(candidate, stable, mean_gap, self.alpha, self.policy, margin)
+        outcome, reason = _slice_outcome(decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False)
+        numbers = decision_numbers(decision, candidate, stable)
+        if decision.looks:
+            numbers["ratio"] = fmt(math.exp(float(numbers["estimate"])))
+        return GateResult(gate=self.name, outcome=outcome, reason=reason, numbers=numbers)
+
+
+# --- SLO attainment, traffic split, hard constraints --------------------------------------------
+
+
+def attained(record: RequestRecord, target: SloTarget) -> bool:
+    """An admitted request met every threshold of the target (errors and timeouts never do)."""
+    if record.outcome != "ok":
+        return False
+    checks = (("ttft", target.ttft_ms, record.ttft_s), ("tpot", target.tpot_ms, record.tpot_s),
+              ("e2e", target.e2e_ms, record.e2e_s))
+    for metric, limit_ms, seconds in checks:
+        if limit_ms is None:
+            continue
+        if seconds is None:
+            # TPOT is undefined for a one-token answer, so it cannot break a TPOT target;
+            # a missing TTFT or E2E on a successful request is missing evidence: not attained.
+            if metric == "tpot":
+                continue
+            return False
+        if seconds * 1000.0 > limit_ms:
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class SloGate:
+    """The candidate's SLO attainment per request class, tested on its confidence-sequence bounds."""
+
+    policy: GatePolicy
+    target: SloTarget
+    alpha: float
+
+    @property
+    def name(self) -> str:
+        """Gate name, e.g. ``slo-*`` or ``slo-length=long``."""
+        return f"slo-{self.target.request_class}"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Pass when the lower bound reaches the target, fail when the upper bound is below it."""
+        chosen = [r for r in evidence.candidate if metrics.in_class(r, self.target.request_class)]
+        admitted = metrics.admitted(chosen)
+        hits = sum(attained(r, self.target) for r in admitted)
+        lower, upper = sequential.bernoulli_confidence_sequence(hits, len(admitted), self.alpha)
+        goal = float(self.target.attainment)
+        baseline = [r for r in metrics.admitted(evidence.stable) if metrics.in_class(r, self.target.request_class)]
+        numbers = {"admitted": str(len(admitted)), "rejected": str(len(chosen) - len(admitted)), "attained": str(hits),
+                   "attainment": fmt(hits / len(admitted) if admitted else None), "lower": fmt(lower), "upper": fmt(upper),
+                   "target": str(self.target.attainment),
+                   "stable_attainment": fmt(sum(attained(r, self.target) for r in baseline) / len(baseline) if baseline else None)}
+        if upper < goal:
+            return GateResult(gate=self.name, outcome="fail", reason=f"attainment upper bound {upper:.4f} < {goal}", numbers=numbers)
+        if lower >= goal and len(admitted) >= self.policy.min_samples_per_slice:
+            return GateResult(gate=self.name, outcome="pass", reason=f"attainment lower bound {lower:.4f} >= {goal}", numbers=numbers)
+        return GateResult(gate=self.name, outcome="inconclusive", reason=f"bounds [{lower:.4f}, {upper:.4f}] contain {goal}", numbers=numbers)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRatioGate:
+    """The observed candidate share of requests matches the route's weight (a mixture sequential test)."""
+
+    policy: GatePolicy
+    expected_share: float
+    name: str = "sample-ratio"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Fail when the beta-binomial mixture rejects the expected share at the SRM alpha."""
+        n_c, n_s = len(evidence.candidate), len(evidence.stable)
+        alpha = float(self.policy.srm_alpha)
+        rejects = sequential.mixture_rejects(n_c, n_c + n_s, self.expected_share, alpha)
+        numbers = {"candidate": str(n_c), "stable": str(n_s), "expected_share": fmt(self.expected_share),
+                   "observed_share": fmt(n_c / (n_c + n_s) if n_c + n_s else None)}
+        if rejects:
+            return GateResult(gate=self.name, outcome="fail", reason="traffic split differs from the route weight", numbers=numbers)
+        if n_c + n_s < self.policy.min_samples_per_slice:
+            return GateResult(gate=self.name, outcome="inconclusive", reason="too few requests", numbers=numbers)
+        return GateResult(gate=self.name, outcome="pass", reason="no sample-ratio mismatch", numbers=numbers)
+
+
+@dataclass(frozen=True, slots=True)
+class HardConstraintGate:
+    """Bounds on the candidate's own metrics; a metric that cannot be measured fails."""
+
+    policy: GatePolicy
+    name: str = "hard-constraints"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Check each constraint against the candidate's metric summary."""
+        summary = metrics.summarize(evidence.candidate)
+        broken = []
+        numbers: dict[str, str] = {}
+        for constraint in self.policy.hard_constraints:
+            value = summary.get(constraint.metric)
+            numbers[constraint.metric] = fmt(value)
+            if value is None:
+                broken.append(f"{constraint.metric} unknown")
+            elif constraint.maximum is not None and value > float(constraint.maximum):
+                broken.append(f"{constraint.metric} {value:.4f} > {constraint.maximum}")
+            elif constraint.minimum is not None and value < float(constraint.minimum):
+                broken.append(f"{constraint.metric} {value:.4f} < {constraint.minimum}")
+        if broken:
+            return GateResult(gate=self.name, outcome="fail", reason="; ".join(broken), numbers=numbers)
+        return GateResult(gate=self.name, outcome="pass", reason="all constraints hold", numbers=numbers)
+
+
+# --- assembling and judging ---------------------------------------------------------------------
+
+
+def gates_from_policy(policy: GatePolicy, expected_candidate_share: float | None = None) -> AllOf:
+    """The standard joint gate: quality, errors, latency, SLO targets, split, hard constraints."""
+    alpha = float(policy.alpha)
+    members: list[Gate] = [QualityGate(policy), ErrorRateGate(policy)]
+    members += [LatencyGate(policy, m, alpha / len(policy.latency_metrics)) for m in policy.latency_metrics]
+    members += [SloGate(policy, t, alpha / len(policy.slo)) for t in policy.slo]
+    if expected_candidate_share is not None:
+        members.append(SampleRatioGate(policy, expected_candidate_share))
+    if policy.hard_constraints:
+        members.append(HardConstraintGate(policy))
+    return AllOf(tuple(members))
+
+
+def _notes(evidence: Evidence) -> tuple[str, ...]:
+    notes = []
+    if evidence.stable and evidence.candidate:
+        s0, s1 = min(r.arrival_s for r in evidence.stable), max(r.arrival_s for r in evidence.stable)
+        c0, c1 = min(r.arrival_s for r in evidence.candidate), max(r.arrival_s for r in evidence.candidate)
+        if c0 > s1 or s0 > c1:
+            notes.append("arms were measured in disjoint windows: this is not a concurrent baseline")
+    notes.append("stable may serve from a warm prefix cache; the candidate's cache starts cold")
+    return tuple(notes)
+
+
+def judge(gate: AllOf, policy: GatePolicy, evidence: Evidence) -> GateReport:
+    """Evaluate every gate and bind the joint outcome to the policy and evidence digests."""
+    results = tuple(member.evaluate(evidence) for member in gate.gates)
+    outcome = combine([r.outcome for r in results])
+    if outcome == "inconclusive" and evidence.final and policy.on_inconclusive == "fail":
+        outcome = "fail"
+    return GateReport(
+        outcome=outcome, policy_digest=policy.digest, evidence_digest=evidence.digest(),
+        stable_revision=_revision(evidence.stable), candidate_revision=_revision(evidence.candidate),
+        stable=metrics.volume(evidence.stable), candidate=metrics.volume(evidence.candidate),
+        gates=results, notes=_notes(evidence),
+    )
+
+
+def _revision(records: Sequence[RequestRecord]) -> str:
+    revisions = sorted({r.revision for r in records})
+    return ",".join(revisions) if revisions else "none"

@@ -1,0 +1,215 @@
+"""Sequential statistics: group-sequential boundaries by alpha spending, and confidence sequences.
+
+Two tools, both valid when the controller looks after every batch:
+
+- :func:`spending_boundary` gives one-sided z boundaries for a planned schedule of looks up to the
+  stage's known maximum sample (Lan-DeMets alpha spending with an O'Brien-Fleming-type function).
+  Knowing the horizon lets the test spend almost all of its alpha near the end, so it keeps close
+  to the power of a single fixed-horizon test while allowing a look after every batch.
+- :func:`bernoulli_confidence_sequence` is a beta-binomial mixture confidence sequence: valid at
+  every sample size with no horizon at all, used for SLO attainment and the traffic split.
+
+Pure functions over numbers; numpy and scipy only. The router must never import this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import optimize, special, stats
+
+# A boundary this high is never crossed: the spending function gave this look (almost) no alpha.
+NEVER = math.inf
+_GRID_POINTS = 401
+_GRID_WIDTH = 9.0  # standard deviations of the Brownian path kept below the boundary
+
+
+def obrien_fleming_spent(alpha: float, fraction: float) -> float:
+    """Cumulative one-sided alpha spent by information ``fraction`` (Lan-DeMets O'Brien-Fleming type)."""
+    if fraction <= 0.0:
+        return 0.0
+    fraction = min(fraction, 1.0)
+    z = stats.norm.isf(alpha / 2.0)
+    return float(2.0 * stats.norm.sf(z / math.sqrt(fraction)))
+
+
+def look_fractions(max_samples: int, look_every: int) -> tuple[float, ...]:
+    """Information fractions of the planned looks: after every ``look_every`` samples, up to the maximum."""
+    sizes = list(range(look_every, max_samples, look_every)) + [max_samples]
+    return tuple(size / max_samples for size in sizes)
+
+
+def look_sizes(max_samples: int, look_every: int) -> tuple[int, ...]:
+    """Sample sizes (per arm) at which the planned looks happen."""
+    return tuple(round(f * max_samples) for f in look_fractions(max_samples, look_every))
+
+
+def _crossing_probability(density: NDArray[np.float64], grid: NDArray[np.float64], weights: NDArray[np.float64],
+                          bound: float, step_sd: float) -> float:
+    """P(path continued until now and crosses ``bound`` at this look), on the Brownian (W) scale."""
+    tail = stats.norm.sf((bound - grid) / step_sd)
+    return float(np.sum(weights * density * tail))
+
+
+def _propagate(density: NDArray[np.float64], grid: NDArray[np.float64], weights: NDArray[np.float64],
+               new_grid: NDArray[np.float64], step_sd: float) -> NDArray[np.float64]:
+    """Sub-density of W at the next look, for paths that have not crossed yet."""
+    kernel = stats.norm.pdf((new_grid[:, None] - grid[None, :]) / step_sd) / step_sd
+    result: NDArray[np.float64] = kernel @ (weights * density)
+    return result
+
+
+def _trapezoid_grid(low: float, high: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    grid = np.linspace(low, high, _GRID_POINTS)
+    weights = np.full(_GRID_POINTS, (high - low) / (_GRID_POINTS - 1))
+    weights[0] /= 2.0
+    weights[-1] /= 2.0
+    return grid, weights
+
+
+@lru_cache(maxsize=256)
+def spending_boundary(alpha: float, fractions: tuple[float, ...]) -> tuple[float, ...]:
+    """One-sided z boundaries c_k such that P(any Z_k >= c_k | no effect) equals ``alpha``.
+
+    ``fractions`` are the information fractions of the looks (increasing, last 1.0). Each look
+    spends the increment of the O'Brien-Fleming-type function; the boundary is found by numerical
+    integration of the Brownian path that has stayed below every earlier boundary.
+    """
+    bounds: list[float] = []
+    density = grid = weights = np.zeros(0)
+    previous_t, previous_spent = 0.0, 0.0
+    for t in fractions:
+        spent = obrien_fleming_spent(alpha, t)
+        increment = spent - previous_spent
+        step_sd = math.sqrt(t - previous_t)
+        if not bounds:
+            z = float(stats.norm.isf(increment)) if increment > 1e-300 else NEVER
+            bound_w = z * math.sqrt(t)
+        else:
+            bound_w = _solve_bound(density, grid, weights, increment, step_sd, math.sqrt(t))
+            z = bound_w / math.sqrt(t) if math.isfinite(bound_w) else NEVER
+        bounds.append(z)
+        top = bound_w if math.isfinite(bound_w) else _GRID_WIDTH * math.sqrt(t)
+        new_grid, new_weights = _trapezoid_grid(-_GRID_WIDTH * math.sqrt(t), top)
+        if density.size == 0:
+            density = stats.norm.pdf(new_grid / math.sqrt(t)) / math.sqrt(t)
+        else:
+            density = _propagate(density, grid, weights, new_grid, step_sd)
+        grid, weights = new_grid, new_weights
+        previous_t, previous_spent = t, spent
+    return tuple(bounds)
+
+
+def _solve_bound(density: NDArray[np.float64], grid: NDArray[np.float64], weights: NDArray[np.float64],
+                 increment: float, step_sd: float, scale: float) -> float:
+    """The W-scale bound whose crossing probability at this look equals ``increment``."""
+    def excess(bound: float) -> float:
+        return _crossing_probability(density, grid, weights, bound, step_sd) - increment
+
+    high = _GRID_WIDTH * scale + 10.0 * step_sd
+    if increment <= 1e-250 or excess(high) > 0:
+        return NEVER
+    low = float(grid[0])
+    if excess(low) < 0:  # more alpha than the surviving paths can use: cross at the grid's bottom
+        return low
+    return float(optimize.brentq(excess, low, high, xtol=1e-9))
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialLook:
+    """One planned look: sample size per arm, estimate, standard error and the z boundary."""
+
+    samples: int
+    estimate: float
+    standard_error: float
+    boundary: float
+
+    def lower(self) -> float:
+        """Lower end of the repeated confidence interval at this look."""
+        return self.estimate - self.boundary * self.standard_error
+
+    def upper(self) -> float:
+        """Upper end of the repeated confidence interval at this look."""
+        return self.estimate + self.boundary * self.standard_error
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialDecision:
+    """Where a sequential comparison stands: 'worse', 'within', or 'open', with every look made."""
+
+    verdict: str
+    decided_at: int | None
+    looks: tuple[SequentialLook, ...]
+
+
+OPEN, WORSE, WITHIN = 0, 1, 2
+VERDICTS = ("open", "worse", "within")
+
+
+def verdicts(estimate: NDArray[np.float64], standard_error: NDArray[np.float64], bounds: NDArray[np.float64],
+             margin: float) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Vectorised stopping rule over looks on the last axis: (verdict code, index of the deciding look or -1).
+
+    At each look the repeated interval is ``estimate +- bound * standard_error`` (positive estimate
+    = the candidate is worse). The first look whose interval excludes 0 decides WORSE; the first
+    whose interval lies below ``margin`` decides WITHIN; a look that shows both counts as WORSE.
+    """
+    usable = np.isfinite(bounds) & (standard_error > 0)
+    width = np.where(usable, bounds * standard_error, np.inf)
+    worse = usable & (estimate - width > 0.0)
+    within = usable & (estimate + width < margin) & ~worse
+    decided = worse | within
+    first = np.where(decided.any(axis=-1), decided.argmax(axis=-1), -1)
+    at_first = np.take_along_axis(worse, np.maximum(first, 0)[..., None], axis=-1)[..., 0]
+    code = np.where(first < 0, OPEN, np.where(at_first, WORSE, WITHIN))
+    return code.astype(np.int64), first.astype(np.int64)
+
+
+def decide_shift(looks: tuple[SequentialLook, ...], margin: float) -> SequentialDecision:
+    """Apply :func:`verdicts` to the looks made so far."""
+    if not looks:
+        return SequentialDecision("open", None, looks)
+    code, first = verdicts(np.array([lk.estimate for lk in looks]), np.array([lk.standard_error for lk in looks]),
+                           np.array([lk.boundary for lk in looks]), margin)
+    verdict = VERDICTS[int(code)]
+    return SequentialDecision(verdict, None if verdict == "open" else looks[int(first)].samples, looks)
+
+
+def _log_mixture_ratio(successes: int, trials: int, p0: float, prior_a: float, prior_b: float) -> float:
+    """log of the beta-binomial mixture likelihood ratio against the point null ``p0``."""
+    failures = trials - successes
+    mixture = special.betaln(prior_a + successes, prior_b + failures) - special.betaln(prior_a, prior_b)
+    null = special.xlogy(successes, p0) + special.xlog1py(failures, -p0)
+    return float(mixture - null)
+
+
+def mixture_rejects(successes: int, trials: int, p0: float, alpha: float,
+                    prior_a: float = 0.5, prior_b: float = 0.5) -> bool:
+    """True once the beta-binomial mixture martingale exceeds 1/alpha (Ville: valid at every n)."""
+    return _log_mixture_ratio(successes, trials, p0, prior_a, prior_b) >= math.log(1.0 / alpha)
+
+
+def bernoulli_confidence_sequence(successes: int, trials: int, alpha: float) -> tuple[float, float]:
+    """(lower, upper) of the beta-binomial mixture confidence sequence for a Bernoulli mean."""
+    if trials == 0:
+        return 0.0, 1.0
+    centre = min(max(successes / trials, 1e-12), 1.0 - 1e-12)
+    threshold = math.log(1.0 / alpha)
+
+    def excess(p0: float) -> float:
+        return _log_mixture_ratio(successes, trials, p0, 0.5, 0.5) - threshold
+
+    lower = 0.0 if excess(1e-12) < 0 else float(optimize.brentq(excess, 1e-12, centre, xtol=1e-10))
+    upper = 1.0 if excess(1.0 - 1e-12) < 0 else float(optimize.brentq(excess, centre, 1.0 - 1e-12, xtol=1e-10))
+    return lower, upper
+
+
+def quantile(samples: NDArray[np.float64] | list[float], q: float) -> float | None:
+    """The ``q`` quantile of merged samples (linear interpolation); None when there are none."""
+    values = np.asarray(samples, dtype=float)
+    values = values[np.isfinite(values)]
+    return None if values.size == 0 else float(np.quantile(values, q))

@@ -1,0 +1,50 @@
+"""Building the next route snapshot: every change is a new, fully validated generation."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from manifests.route import CanaryTarget, RevisionTarget, RouteSnapshot, ShadowTarget
+
+
+def successor(current: RouteSnapshot, *, by: str, now: datetime, **changes: Any) -> RouteSnapshot:
+    """``current`` with ``changes`` applied, at the next generation, re-validated from scratch.
+
+    ``model_copy(update=...)`` would skip validation; a route is what production traffic touches,
+    so the successor goes through the same checks as a snapshot read from the store.
+    """
+    fields = current.model_dump()
+    fields.update(changes, generation=current.generation + 1, created_by=by, created_at=now)
+    return RouteSnapshot.build(**fields)
+
+
+def as_target(target: RevisionTarget) -> dict[str, Any]:
+    """The plain revision-and-endpoints part of any target, for building another kind of target."""
+    return {"fingerprint": target.fingerprint, "endpoints": target.endpoints, "served_model": target.served_model}
+
+
+def canary(target: RevisionTarget, weight_ppm: int, now: datetime, lease_seconds: int) -> CanaryTarget:
+    """``target`` taking ``weight_ppm`` of new requests, leased for ``lease_seconds`` from ``now``."""
+    lease = now + timedelta(seconds=lease_seconds)
+    return CanaryTarget.build(**as_target(target), weight_ppm=weight_ppm, lease_expires_at=lease)
+
+
+def mirror(target: RevisionTarget, sample_ppm: int, now: datetime, lease_seconds: int) -> ShadowTarget:
+    """``target`` receiving a ``sample_ppm`` mirror of traffic, leased for ``lease_seconds``."""
+    lease = now + timedelta(seconds=lease_seconds)
+    return ShadowTarget.build(**as_target(target), sample_ppm=sample_ppm, lease_expires_at=lease)
+
+
+def same_traffic(a: RouteSnapshot, b: RouteSnapshot) -> bool:
+    """Whether two snapshots route traffic identically (ignoring generation, author, time, leases)."""
+    ignore = {"generation", "created_by", "created_at"}
+
+    def shape(snapshot: RouteSnapshot) -> dict[str, Any]:
+        data = snapshot.model_dump(exclude=ignore)
+        for key in ("candidate", "shadow"):
+            if data[key] is not None:
+                data[key].pop("lease_expires_at")
+        return data
+
+    return shape(a) == shape(b)

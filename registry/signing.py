@@ -1,0 +1,283 @@
+"""Signing and signature checking in the OpenSSF model-signing format (model_signing 1.1.1).
+
+A signature is a Sigstore bundle whose DSSE envelope carries an in-toto statement listing every
+file's sha256. This module turns a signature into the list of signed files, after checking the
+signature and the signer against a trust policy; it never reads model bytes. model_signing raises
+bare ``ValueError`` for most failures: they are wrapped here so a caller can tell an untrusted
+signer from a broken signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from model_signing import manifest as ms_manifest
+from model_signing._hashing import hashing as ms_hashing
+from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore, sign_sigstore_pb
+from model_signing._signing import signing as ms_signing
+from OpenSSL import crypto
+from sigstore import errors as sigstore_errors
+from sigstore import models as sigstore_models
+from sigstore import verify as sigstore_verify
+
+from manifests.artifact import ArtifactManifest
+from manifests.paths import path_problem
+from registry.errors import SignatureInvalid, SigningError, UnsafePath, UntrustedSigner
+
+
+@dataclass(frozen=True)
+class KeyPolicy:
+    """Trust signatures made by the private half of this PEM public key (EC P-256/384/521)."""
+
+    public_key: Path
+
+    def describe(self) -> str:
+        """Human-readable signer the policy accepts."""
+        return f"public key {self.public_key.name}"
+
+
+@dataclass(frozen=True)
+class CertificatePolicy:
+    """Trust signatures whose signing certificate chains to these PEM CA certificates."""
+
+    chain: tuple[Path, ...]
+
+    def describe(self) -> str:
+        """Human-readable signer the policy accepts."""
+        return "certificate chain " + ", ".join(path.name for path in self.chain)
+
+
+@dataclass(frozen=True)
+class IdentityPolicy:
+    """Trust keyless Sigstore signatures by this identity (subject) from this OIDC issuer.
+
+    Checked offline against the Sigstore production trust root bundled with sigstore.
+    """
+
+    identity: str
+    issuer: str
+
+    def describe(self) -> str:
+        """Human-readable signer the policy accepts."""
+        return f"identity {self.identity} from {self.issuer}"
+
+
+Policy = KeyPolicy | CertificatePolicy | IdentityPolicy
+
+
+@dataclass(frozen=True)
+class SignedFiles:
+    """What a verified signature vouches for: relative path -> sha256 hex, and who signed."""
+
+    files: Mapping[str, str]
+    signer: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Signing
+
+
+def _model_signing_manifest(manifest: ArtifactManifest, model_name: str) -> Any:
+    serialization = ms_manifest.SerializationType.from_args(
+        {"method": "files", "hash_type": "sha256", "allow_symlinks": False}
+    )
+    items = [
+        ms_manifest.FileManifestItem(
+            path=PurePosixPath(entry.path), digest=ms_hashing.Digest("sha256", bytes.fromhex(entry.sha256))
+        )
+        for entry in manifest.entries
+    ]
+    return ms_manifest.Manifest(model_name, items, serialization)
+
+
+def _write_atomically(output: Path, text: str) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temp, output)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _sign(manifest: ArtifactManifest, output: Path, signer: Any, model_name: str) -> None:
+    payload = ms_signing.Payload(_model_signing_manifest(manifest, model_name))
+    bundle = signer.sign(payload).bundle
+    _write_atomically(output, bundle.to_json())
+
+
+def _load_signer(factory: Any, *args: Any) -> Any:
+    try:
+        return factory(*args)
+    except (ValueError, TypeError, OSError) as error:
+        raise SigningError(
+            f"cannot load the signing key or certificate ({error})",
+            where=", ".join(str(arg) for arg in args if isinstance(arg, Path)),
+            fix="Use a PEM EC private key (P-256, P-384 or P-521) and a certificate issued for it.",
+        ) from None
+
+
+def sign_with_key(
+    manifest: ArtifactManifest, output: Path, private_key: Path, *, password: str | None = None,
+    model_name: str = "model",
+) -> None:
+    """Sign the manifest's files with an EC private key; writes a Sigstore bundle to ``output``."""
+    _sign(manifest, output, _load_signer(sign_ec_key.Signer, private_key, password), model_name)
+
+
+def sign_with_certificate(
+    manifest: ArtifactManifest, output: Path, private_key: Path, certificate: Path, chain: Iterable[Path],
+    *, model_name: str = "model",
+) -> None:
+    """Sign with a private key and its certificate; the chain is embedded for the verifier."""
+    signer = _load_signer(sign_certificate.Signer, private_key, certificate, list(chain))
+    _sign(manifest, output, signer, model_name)
+
+
+def sign_keyless(manifest: ArtifactManifest, output: Path, *, identity_token: str, model_name: str = "model") -> None:
+    """Sign keyless with Sigstore's public instance (needs the network and an OIDC token)."""
+    signer = sign_sigstore.Signer(identity_token=identity_token, use_ambient_credentials=False)
+    _sign(manifest, output, signer, model_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification of the signature and the signer (no model bytes are read here)
+
+
+def _invalid(where: Path, reason: str) -> SignatureInvalid:
+    return SignatureInvalid(
+        f"signature does not verify: {reason}",
+        where=str(where),
+        fix="The signature is truncated, edited or not a model signature; obtain the original signature file.",
+    )
+
+
+def _untrusted(where: Path, reason: str, policy: Policy) -> UntrustedSigner:
+    return UntrustedSigner(
+        f"signer is not trusted by the policy ({policy.describe()}): {reason}",
+        where=str(where),
+        fix="Check that the right key, CA chain or identity was given; never widen trust to make this pass.",
+    )
+
+
+def _read_bundle(signature: Path, keyless: bool) -> Any:
+    reader = sign_sigstore.Signature if keyless else sign_sigstore_pb.Signature
+    try:
+        return reader.read(signature)
+    except FileNotFoundError:
+        raise SignatureInvalid("signature file not found", where=str(signature),
+                               fix="Pass the signature path.") from None
+    except Exception as error:  # parsers raise many types; all mean malformed
+        raise _invalid(signature, f"malformed bundle ({type(error).__name__}: {error})") from None
+
+
+def _public_key_hint(public_key: Path) -> str:
+    try:
+        key = serialization.load_pem_public_key(public_key.read_bytes())
+    except (ValueError, OSError) as error:
+        raise SigningError(f"cannot read the public key ({error})", where=str(public_key),
+                           fix="Pass a PEM EC public key.") from None
+    pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
+def _check_key_hint(signature: Any, policy: KeyPolicy, where: Path) -> None:
+    hint = signature.bundle.verification_material.public_key.hint
+    if hint and hint != _public_key_hint(policy.public_key):
+        raise _untrusted(where, "the signature names a different public key", policy)
+
+
+def _key_verifier(policy: KeyPolicy) -> Any:
+    try:
+        return sign_ec_key.Verifier(policy.public_key)
+    except (ValueError, OSError) as error:
+        raise SigningError(f"unusable public key ({error})", where=str(policy.public_key),
+                           fix="Pass a PEM EC public key (P-256, P-384 or P-521).") from None
+
+
+def _certificate_verifier(policy: CertificatePolicy) -> Any:
+    if not policy.chain:
+        # model_signing would fall back to the system CA bundle; trust must be explicit here.
+        raise SigningError("no CA certificate given", where="--chain", fix="Pass the CA chain PEM files.")
+    try:
+        return sign_certificate.Verifier(list(policy.chain))
+    except (ValueError, OSError) as error:
+        raise SigningError(f"unusable CA chain ({error})", where=", ".join(map(str, policy.chain)),
+                           fix="Pass PEM CA certificates.") from None
+
+
+class _OfflineSigstoreVerifier(ms_signing.Verifier):  # type: ignore[misc]
+    """model_signing's Sigstore verifier on the trust root bundled with sigstore: no network."""
+
+    def __init__(self, identity: Any) -> None:
+        trust = sigstore_models.ClientTrustConfig.production(offline=True)
+        self._verifier = sigstore_verify.Verifier(trusted_root=trust.trusted_root)
+        self._identity = identity
+
+    def _verify_signed_content(self, signed: Any) -> tuple[str, bytes]:
+        result: tuple[str, bytes] = self._verifier.verify_dsse(bundle=signed.bundle, policy=self._identity)
+        return result
+
+
+def _identity_verifier(policy: IdentityPolicy, signature: Any, where: Path) -> Any:
+    identity = sigstore_verify.policy.Identity(identity=policy.identity, issuer=policy.issuer)
+    try:
+        identity.verify(signature.bundle.signing_certificate)
+    except sigstore_errors.VerificationError as error:
+        raise _untrusted(where, str(error), policy) from None
+
+    return _OfflineSigstoreVerifier(identity)
+
+
+def _verifier_for(policy: Policy, signature: Any, where: Path) -> Any:
+    if isinstance(policy, KeyPolicy):
+        verifier = _key_verifier(policy)
+        _check_key_hint(signature, policy, where)
+        return verifier
+    if isinstance(policy, CertificatePolicy):
+        return _certificate_verifier(policy)
+    return _identity_verifier(policy, signature, where)
+
+
+def _verified_manifest(verifier: Any, signature: Any, where: Path, policy: Policy) -> Any:
+    try:
+        return verifier.verify(signature)
+    except crypto.X509StoreContextError as error:
+        raise _untrusted(where, f"certificate does not chain to the trusted CA ({error})", policy) from None
+    except Exception as error:  # crypto, JSON, payload errors: all do not verify
+        raise _invalid(where, f"{type(error).__name__}: {error}") from None
+
+
+def _signed_paths(signed: Any, where: Path) -> dict[str, str]:
+    method = signed.serialization_type
+    if method.get("method") != "files" or method.get("hash_type") != "sha256":
+        raise _invalid(where, f"unsupported serialization {method}; re-sign with sha256 per file")
+    files: dict[str, str] = {}
+    for descriptor in signed.resource_descriptors():
+        problem = path_problem(descriptor.identifier)
+        if problem:
+            raise UnsafePath(f"signature lists an unsafe path: {problem}", where=descriptor.identifier,
+                             fix="Refuse this signature; it tries to reach outside the artifact folder.")
+        files[descriptor.identifier] = descriptor.digest.digest_hex
+    return files
+
+
+def read_signed_files(signature: Path, policy: Policy) -> SignedFiles:
+    """Verify ``signature`` against ``policy`` and return the files and digests it vouches for.
+
+    Raises SignatureInvalid (malformed, truncated, edited), UntrustedSigner (wrong key, CA or
+    identity), or UnsafePath (a signed path escaping the folder).
+    """
+    bundle = _read_bundle(signature, keyless=isinstance(policy, IdentityPolicy))
+    verifier = _verifier_for(policy, bundle, signature)
+    files = _signed_paths(_verified_manifest(verifier, bundle, signature, policy), signature)
+    return SignedFiles(files=files, signer=policy.describe())

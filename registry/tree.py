@@ -1,0 +1,50 @@
+"""Listing an artifact folder: regular files only, no symlinks, no special files."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from manifests.paths import collision_problem, path_problem
+from registry.errors import UnsafePath
+
+_FIX = "Artifacts hold regular files only: replace symlinks with the files they point to, remove the rest."
+
+
+def _describe(mode: int) -> str | None:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+        return None
+    return "special file (device, socket or pipe)"
+
+
+def _walk(root: Path, prefix: str, found: list[str]) -> None:
+    with os.scandir(root / prefix if prefix else root) as entries:
+        for entry in entries:
+            relative = f"{prefix}/{entry.name}" if prefix else entry.name
+            mode = entry.stat(follow_symlinks=False).st_mode
+            problem = _describe(mode)
+            if problem:
+                raise UnsafePath(f"artifact folder contains a {problem}", where=relative, fix=_FIX)
+            if stat.S_ISDIR(mode):
+                _walk(root, relative, found)
+            else:
+                found.append(relative)
+
+
+def list_files(root: Path) -> tuple[str, ...]:
+    """Every regular file under ``root`` as sorted relative POSIX paths; refuses symlinks and odd names."""
+    if root.is_symlink() or not root.is_dir():
+        raise UnsafePath("artifact folder is not a directory", where=str(root), fix="Pass the model folder.")
+    found: list[str] = []
+    _walk(root, "", found)
+    for path in found:
+        problem = path_problem(path)
+        if problem:
+            raise UnsafePath(problem, where=path, fix="Rename the file to a plain relative path.")
+    collision = collision_problem(found)
+    if collision:
+        raise UnsafePath(collision, where=str(root), fix="Rename one of the files.")
+    return tuple(sorted(found))

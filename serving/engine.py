@@ -1,0 +1,316 @@
+"""The engine launcher: the vLLM OpenAI-compatible server as a subprocess in its own environment.
+
+The command line and environment are pure functions of the execution config ``c`` (so the same
+revision always starts the same way); :class:`EngineProcess` is the thin I/O edge that starts the
+server, waits for ``/health``, and stops it with the port released.
+
+vLLM runs in a separate virtual environment (``.venv-engine``: it pins libraries the control plane
+cannot share), which is why it is a subprocess and never imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Literal, Self
+
+from manifests.errors import RevgateError
+from manifests.revision import ExecutionConfig
+
+Device = Literal["cpu", "cuda"]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# A default that fits beside other work on a small CPU host; vLLM's own default asks for ~92% of a
+# NUMA node and fails to start there.
+DEFAULT_CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class EngineError(RevgateError):
+    """The engine could not be started, did not become healthy, or would not stop."""
+
+
+class EngineExited(EngineError):
+    """The engine process exited before it became healthy."""
+
+
+class EngineStartTimeout(EngineError):
+    """The engine did not answer ``/health`` with 200 within the startup timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraModule:
+    """A LoRA adapter served by name beside its base model (``--lora-modules name=path``)."""
+
+    name: str
+    path: Path
+
+
+def engine_python() -> Path:
+    """The engine environment's interpreter: ``$REVGATE_ENGINE_PYTHON`` or the project's ``.venv-engine``."""
+    configured = os.environ.get("REVGATE_ENGINE_PYTHON")
+    return Path(configured) if configured else PROJECT_ROOT / ".venv-engine" / "bin" / "python"
+
+
+def engine_command(
+    model_dir: Path,
+    execution: ExecutionConfig,
+    port: int,
+    served_model_name: str,
+    *,
+    device: Device = "cpu",
+    lora_modules: Sequence[LoraModule] = (),
+    python: Path | None = None,
+    host: str = "127.0.0.1",
+) -> list[str]:
+    """The argument list that serves ``model_dir`` under ``served_model_name`` on ``host:port``."""
+    command = [str(python or engine_python()), "-m", SERVER_MODULE, "--model", str(model_dir)]
+    command += ["--served-model-name", served_model_name, "--host", host, "--port", str(port)]
+    command += _model_flags(execution)
+    command += _cpu_flags(execution) if device == "cpu" else _gpu_flags(execution)
+    command += _lora_flags(execution, lora_modules)
+    return command
+
+
+def _model_flags(execution: ExecutionConfig) -> list[str]:
+    flags = ["--dtype", execution.dtype, "--max-model-len", str(execution.max_model_len)]
+    flags += ["--max-num-seqs", str(execution.max_num_seqs), "--disable-uvicorn-access-log"]
+    if execution.max_num_batched_tokens is not None:
+        flags += ["--max-num-batched-tokens", str(execution.max_num_batched_tokens)]
+    if execution.quantization is not None:
+        flags += ["--quantization", execution.quantization]
+    if execution.enforce_eager:
+        flags.append("--enforce-eager")
+    return flags
+
+
+def _cpu_flags(execution: ExecutionConfig) -> list[str]:
+    if execution.tensor_parallel_size > 1 or execution.pipeline_parallel_size > 1:
+        raise EngineError(
+            "tensor or pipeline parallelism is not supported on the CPU engine",
+            where="ExecutionConfig.tensor_parallel_size / pipeline_parallel_size",
+            fix="Use parallel size 1 for CPU serving, or serve this revision on a GPU worker.",
+        )
+    kv_bytes = execution.kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+    # One process, no worker processes: the fastest start on a small host.
+    return ["--kv-cache-memory-bytes", str(kv_bytes), "--distributed-executor-backend", "uni"]
+
+
+def _gpu_flags(execution: ExecutionConfig) -> list[str]:
+    flags = ["--tensor-parallel-size", str(execution.tensor_parallel_size)]
+    flags += ["--pipeline-parallel-size", str(execution.pipeline_parallel_size)]
+    if execution.gpu_memory_utilization is not None:
+        flags += ["--gpu-memory-utilization", str(execution.gpu_memory_utilization)]
+    if execution.kv_cache_bytes is not None:
+        flags += ["--kv-cache-memory-bytes", str(execution.kv_cache_bytes)]
+    return flags
+
+
+def _lora_flags(execution: ExecutionConfig, lora_modules: Sequence[LoraModule]) -> list[str]:
+    if lora_modules and not execution.enable_lora:
+        raise EngineError(
+            "LoRA modules were given but the execution config does not enable LoRA",
+            where="ExecutionConfig.enable_lora",
+            fix="Set enable_lora (and max_lora_rank) in the execution config, or serve without adapters.",
+        )
+    if not execution.enable_lora:
+        return []
+    flags = ["--enable-lora"]
+    if execution.max_lora_rank is not None:
+        flags += ["--max-lora-rank", str(execution.max_lora_rank)]
+    if lora_modules:
+        flags += ["--lora-modules", *(f"{module.name}={module.path}" for module in lora_modules)]
+    return flags
+
+
+def engine_env(
+    execution: ExecutionConfig, device: Device = "cpu", base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The engine's environment: ``base`` (default: this process's) plus the settings vLLM needs."""
+    env = dict(os.environ if base is None else base)
+    env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    if device == "cpu":
+        # Without it the AVX512 kernels load and the process dies of SIGILL on AVX2-only hosts.
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    else:
+        for name in ("VLLM_TARGET_DEVICE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"):
+            env.pop(name, None)
+    if execution.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return env
+
+
+def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the engine binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def health_status(host: str, port: int, timeout: float = 2.0) -> int | None:
+    """The status of ``GET /health``, or None when nothing answers."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status
+    except OSError:
+        return None
+    finally:
+        connection.close()
+
+
+def tail_lines(path: Path, count: int = 20) -> str:
+    """The last ``count`` lines of a log file (empty if it does not exist)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(lines[-count:])
+
+
+class EngineProcess:
+    """One vLLM server subprocess: start, wait until healthy, stop with the port released.
+
+    Use as a context manager so a failed test or command never leaves a server behind.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        port: int,
+        host: str = "127.0.0.1",
+        log_path: Path | None = None,
+    ) -> None:
+        self.command = list(command)
+        self.env = dict(env)
+        self.host = host
+        self.port = port
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="revgate-engine-", suffix=".log")[1])
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the OpenAI-compatible API (``http://host:port``)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return None if self._process is None else self._process.pid
+
+    def start(self) -> None:
+        """Start the server process (returns at once; see :meth:`wait_healthy`)."""
+        if port_is_open(self.port, self.host):
+            raise EngineError(
+                f"port {self.port} is already in use", where=self.url, fix="Choose a free port (free_port())."
+            )
+        self._log = self.log_path.open("wb")
+        # Own session: stopping the group also stops any helper process the engine spawned.
+        self._process = subprocess.Popen(
+            self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_healthy(self, timeout: float = 180.0) -> None:
+        """Block until ``/health`` answers 200; raise with the last log lines on exit or timeout."""
+        process = self._require_process()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise EngineExited(
+                    f"the engine exited with status {process.returncode} before it became healthy; "
+                    f"last log lines:\n{tail_lines(self.log_path)}",
+                    where=str(self.log_path),
+                    fix="Read the log; check the model directory, the engine environment and the flags.",
+                )
+            if health_status(self.host, self.port) == 200:
+                return
+            time.sleep(0.25)
+        raise EngineStartTimeout(
+            f"the engine was not healthy within {timeout:.0f} s; last log lines:\n{tail_lines(self.log_path)}",
+            where=self.url,
+            fix="Raise the startup timeout on a loaded host, or read the log for a hang.",
+        )
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; returns once the port is released."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            self._signal(process, signal.SIGTERM)
+            try:
+                process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._signal(process, signal.SIGKILL)
+                process.wait(10)
+        self._close_log()
+        self._wait_port_released()
+
+    def _wait_port_released(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while port_is_open(self.port, self.host):
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"port {self.port} is still open after the engine stopped",
+                    where=self.url,
+                    fix="Another process holds the port; find it with `ss -ltnp` and stop it.",
+                )
+            time.sleep(0.1)
+
+    @staticmethod
+    def _signal(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _require_process(self) -> subprocess.Popen[bytes]:
+        if self._process is None:
+            raise EngineError("the engine was not started", fix="Call start() before wait_healthy().")
+        return self._process
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def serve(
+    model_dir: Path,
+    execution: ExecutionConfig,
+    served_model_name: str,
+    *,
+    device: Device = "cpu",
+    lora_modules: Sequence[LoraModule] = (),
+    log_path: Path | None = None,
+) -> EngineProcess:
+    """An unstarted :class:`EngineProcess` for ``model_dir`` on a free local port."""
+    port = free_port()
+    command = engine_command(model_dir, execution, port, served_model_name, device=device, lora_modules=lora_modules)
+    return EngineProcess(command, engine_env(execution, device), port, log_path=log_path)

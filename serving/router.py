@@ -1,0 +1,461 @@
+"""The router: an OpenAI-compatible proxy that pins each request to one route snapshot.
+
+The current snapshot lives in one attribute (``self.route``). A refresh validates a new snapshot,
+compiles it, and replaces that reference; a request reads it exactly once at entry, so a swap only
+affects later requests. Everything per request (canary assignment, retries, the response headers
+naming revision and generation, the records) follows from that one read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evaluation.records import Outcome, RequestRecord
+from manifests.errors import ManifestInvalid, RevgateError
+from manifests.route import RouteSnapshot, RouteStore
+from serving.router_http import Request, ServerConnection, serve
+from serving.router_metrics import RouterMetrics
+from serving.router_parse import output_text, rewrite_model, usage_of
+from serving.router_records import JsonLinesWriter
+from serving.router_relay import Relay
+from serving.router_split import PinnedRoute, Target, compile_route, retry_order
+from serving.router_upstream import UpstreamError, UpstreamPool, request_bytes
+from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
+from shadow.policy import side_effecting
+
+log = logging.getLogger("revgate.router")
+
+PROXIED = {
+    ("POST", b"/v1/completions"),
+    ("POST", b"/v1/chat/completions"),
+    ("GET", b"/v1/models"),
+}
+NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How one router process runs."""
+
+    route: str
+    records: Path | None = None
+    paired_records: Path | None = None
+    admin_token: str | None = None
+    poll_interval_s: float = 1.0
+    record_outputs: bool = False
+    shadow_queue: int = 256
+    shadow_concurrency: int = 4
+
+
+@dataclass(slots=True)
+class Call:
+    """One caller request, pinned: everything decided at entry."""
+
+    caller: ServerConnection
+    request: Request
+    route: PinnedRoute
+    target: Target
+    path: bytes
+    body: bytes
+    request_id: str
+    tenant: str
+    slices: dict[str, str]
+    arrival_s: float
+    headers: bytes
+    attempts: int = 0
+    endpoint: str = ""
+    relay: Relay | None = field(default=None)
+
+
+def _error_body(message: str, kind: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind}}).encode()
+
+
+def _outcome(status: int) -> Outcome:
+    """A completed response's outcome: 429 and 503 are the upstream refusing work (rejected)."""
+    if status < 400:
+        return "ok"
+    return "rejected" if status in (429, 503) else "error"
+
+
+def _slices(header: bytes | None) -> dict[str, str]:
+    """``x-revgate-slices: lang=en;bucket=short`` into a dict."""
+    if not header:
+        return {}
+    pairs = (item.split("=", 1) for item in header.decode(errors="replace").split(";") if "=" in item)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+class Router:
+    """Serves one route from a route store."""
+
+    def __init__(self, store: RouteStore, config: RouterConfig) -> None:
+        self.store, self.config = store, config
+        self.route: PinnedRoute | None = None  # the one reference a swap replaces
+        self.metrics = RouterMetrics()
+        self.pool = UpstreamPool()
+        self.records = JsonLinesWriter(config.records)
+        self.paired = JsonLinesWriter(config.paired_records)
+        self.mirror = ShadowMirror(
+            self._send_shadow, self.paired.append, capacity=config.shadow_queue, concurrency=config.shadow_concurrency
+        )
+        self._round_robin = 0
+        self._refresh_lock: asyncio.Lock | None = None
+        self._servers: list[asyncio.Server] = []
+        self._poller: asyncio.Task[None] | None = None
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def install(self, snapshot: RouteSnapshot | None) -> str:
+        """Swap in ``snapshot`` if it is newer than the one served; says what happened."""
+        current = self.route
+        if snapshot is None:
+            return "missing"
+        if snapshot.route != self.config.route:
+            self.metrics.count_event("snapshot_rejected", self.config.route)
+            return "wrong-route"
+        if current is not None and snapshot.generation <= current.snapshot.generation:
+            if snapshot.generation < current.snapshot.generation:
+                self.metrics.count_event("snapshot_regressed", self.config.route)
+                return "older"
+            return "unchanged"
+        self.route = compile_route(snapshot)
+        self.metrics.generation[(("route", snapshot.route),)] = snapshot.generation
+        self.metrics.count_event("snapshot_installed", snapshot.route)
+        log.info("route %s: serving generation %d", snapshot.route, snapshot.generation)
+        return "installed"
+
+    async def refresh(self) -> str:
+        """Read the store once; a corrupt or unreachable store keeps the last good snapshot."""
+        if self._refresh_lock is None:
+            self._refresh_lock = asyncio.Lock()
+        async with self._refresh_lock:
+            loop = asyncio.get_running_loop()
+            try:
+                snapshot = await loop.run_in_executor(None, self.store.read, self.config.route)
+            except ManifestInvalid as error:
+                self.metrics.count_event("snapshot_invalid", self.config.route)
+                log.warning("ignoring invalid route snapshot, keeping the last good one: %s", error)
+                return "invalid"
+            except Exception as error:  # the data plane outlives any store failure
+                self.metrics.count_event("store_unavailable", self.config.route)
+                log.warning("route store unavailable, keeping the last good snapshot: %s", error)
+                return "unavailable"
+            return self.install(snapshot)
+
+    async def _poll(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.config.poll_interval_s)
+
+    # --- serving ---------------------------------------------------------------------------
+
+    async def handle(self, caller: ServerConnection, request: Request) -> None:
+        """Serve one public request."""
+        path = request.path.split(b"?", 1)[0]
+        route = self.route  # read once: this request is pinned to this snapshot
+        if (request.method, path) not in PROXIED:
+            self._not_proxied(caller, request, path, route)
+            return
+        if route is None:
+            caller.respond(503, NO_ROUTE, keep_alive=request.keep_alive)
+            return
+        await self._serve(self._pin(caller, request, route, path))
+
+    def _not_proxied(self, caller: ServerConnection, request: Request, path: bytes, route: PinnedRoute | None) -> None:
+        if path != b"/health":
+            body = _error_body(f"no such endpoint: {path.decode()}", "not_found")
+            caller.respond(404, body, keep_alive=request.keep_alive)
+        elif route is None:
+            caller.respond(503, NO_ROUTE, keep_alive=request.keep_alive)
+        else:
+            caller.respond(200, b'{"status":"ok"}', keep_alive=request.keep_alive)
+
+    def _pin(self, caller: ServerConnection, request: Request, route: PinnedRoute, path: bytes) -> Call:
+        headers = request.headers
+        arrival = time.time()
+        request_id = headers.get(b"x-request-id") or os.urandom(12).hex().encode()
+        tenant = headers.get(b"x-tenant-id", b"")
+        key = headers.get(b"x-session-id") or tenant or request_id
+        target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
+        body = request.body
+        if target.served_model is not None and body:
+            body = rewrite_model(body, target.served_model)
+        extra = target.headers + b"x-request-id: " + request_id + b"\r\n"
+        return Call(caller, request, route, target, path, body, request_id.decode(), tenant.decode(),
+                    _slices(headers.get(b"x-revgate-slices")), arrival, extra)
+
+    async def _serve(self, call: Call) -> None:
+        labels = (("route", call.route.snapshot.route), ("revision", call.target.short))
+        self.metrics.in_flight[labels] += 1
+        try:
+            async with asyncio.timeout(self._timeout_s(call)):
+                await self._attempts(call)
+        except TimeoutError:
+            self._fail(call, "timeout", 504, "the request's deadline passed")
+        except asyncio.CancelledError:
+            relay = call.relay
+            if relay is not None and relay.started and relay.finished.done() and relay.error is None:
+                self._finish(call, _outcome(relay.status), "")  # complete: the caller left afterwards
+            else:
+                self._finish(call, "cancelled", "the caller disconnected")
+            raise
+        finally:
+            self.metrics.in_flight[labels] -= 1
+
+    def _timeout_s(self, call: Call) -> float:
+        limit = call.route.timeout_s
+        header = call.request.headers.get(b"x-revgate-timeout-ms")
+        if header and header.isdigit():
+            limit = min(limit, int(header) / 1000)
+        return limit
+
+    async def _attempts(self, call: Call) -> None:
+        order = retry_order(call.target, call.route.failure_domains, self._next_endpoint(call.target))
+        plan = [order[step % len(order)] for step in range(call.route.max_retries + 1)]
+        for number, index in enumerate(plan, 1):
+            call.attempts, call.endpoint = number, call.target.urls[index]
+            relay = await self._attempt(call, index, may_retry=number < len(plan))
+            call.relay = relay
+            if relay.started:
+                self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
+                if relay.error is not None and call.caller.transport is not None:
+                    call.caller.transport.abort()  # a truncated stream must not look complete
+                return
+            if number < len(plan):
+                reason = str(relay.error) if relay.error else f"upstream status {relay.status}"
+                self._record(call, "error", reason)
+        message = str(call.relay.error) if call.relay and call.relay.error else "upstream unavailable"
+        self._fail(call, "error", 502, message)
+
+    async def _attempt(self, call: Call, index: int, *, may_retry: bool) -> Relay:
+        address = call.target.endpoints[index]
+        fresh = False
+        while True:
+            relay = Relay(call.caller, call.headers, call.request.keep_alive, may_retry)
+            call.relay = relay
+            try:
+                connection = await self.pool.connect(address, fresh=fresh)
+            except UpstreamError as error:
+                relay.on_error(error)
+                return relay
+            call.caller.on_pause, call.caller.on_resume = connection.pause, connection.resume
+            wire = request_bytes(call.request.method, call.path, address, call.body,
+                                 b"X-Request-Id: " + call.request_id.encode() + b"\r\n")
+            connection.send(wire, relay)
+            try:
+                await relay.finished
+            except asyncio.CancelledError:
+                connection.close()  # the caller left or the deadline passed: cancel upstream
+                raise
+            if relay.error is not None and relay.error.stale and not fresh:
+                fresh = True  # an idle keep-alive connection had closed: resend once on a new one
+                continue
+            return relay
+
+    def _next_endpoint(self, target: Target) -> int:
+        self._round_robin += 1
+        return self._round_robin % len(target.endpoints)
+
+    # --- outcomes --------------------------------------------------------------------------
+
+    def _fail(self, call: Call, outcome: Outcome, status: int, message: str) -> None:
+        relay = call.relay
+        if relay is not None and relay.started:
+            self._finish(call, outcome, message)
+            if call.caller.transport is not None:
+                call.caller.transport.abort()
+            return
+        kind = "timeout" if outcome == "timeout" else "upstream_error"
+        body = _error_body(message, kind)
+        call.caller.respond(status, body, keep_alive=call.request.keep_alive, headers=call.headers)
+        self._finish(call, outcome, message, status=status)
+
+    def _finish(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> None:
+        record = self._record(call, outcome, error, status)
+        if outcome == "ok" and call.relay is not None:
+            self._offer_shadow(call, call.relay, record)
+
+    def _record(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> RequestRecord:
+        relay = call.relay
+        body = relay.body() if relay is not None else b""
+        streamed = relay is not None and relay.streamed
+        usage = usage_of(body, streamed)
+        record = RequestRecord(
+            request_id=call.request_id,
+            revision=call.target.fingerprint,
+            arm="candidate" if call.target.arm == "candidate" else "stable",
+            arrival_s=call.arrival_s,
+            outcome=outcome,
+            attempt=call.attempts,
+            route=call.route.snapshot.route,
+            generation=call.route.snapshot.generation,
+            tenant=call.tenant,
+            slices=call.slices,
+            endpoint=call.endpoint,
+            first_token_s=relay.first_s if relay else None,
+            last_token_s=(relay.last_s or time.time()) if relay else time.time(),
+            prompt_tokens=usage.prompt_tokens,
+            output_tokens=usage.output_tokens,
+            finish_reason=usage.finish_reason,
+            status_code=status or (relay.status if relay and relay.status else None),
+            error=error,
+            output_text=output_text(body, streamed) if self.config.record_outputs and body else None,
+        )
+        self.records.append(record)
+        self._observe(call, record)
+        return record
+
+    def _observe(self, call: Call, record: RequestRecord) -> None:
+        labels = (("route", record.route), ("revision", call.target.short), ("arm", call.target.arm))
+        self.metrics.requests[(*labels, ("outcome", record.outcome))] += 1
+        if record.outcome != "ok":
+            return
+        short = labels[:2]
+        if record.ttft_s is not None:
+            self.metrics.ttft.observe(short, record.ttft_s)
+        if record.tpot_s is not None:
+            self.metrics.tpot.observe(short, record.tpot_s)
+        if record.e2e_s is not None:
+            self.metrics.e2e.observe(short, record.e2e_s)
+
+    # --- shadow ----------------------------------------------------------------------------
+
+    def _offer_shadow(self, call: Call, relay: Relay, record: RequestRecord) -> None:
+        if call.path == b"/v1/models" or relay.status != 200:
+            return
+        shadow = call.route.shadow_for(call.request_id.encode(), call.arrival_s)
+        if shadow is None:
+            return
+        if side_effecting(call.request.body, call.route.side_effecting_tools):
+            self.metrics.count_event("shadow_skipped_side_effecting", record.route)
+            return
+        job = MirrorJob(
+            request_id=call.request_id, route=record.route, generation=record.generation, path=call.path.decode(),
+            body=call.request.body, target=shadow, stable_revision=call.target.fingerprint,
+            shadow_revision=shadow.fingerprint, stable_status=relay.status,
+            stable_output=output_text(relay.body(), relay.streamed), stable_ttft_s=record.ttft_s,
+            stable_e2e_s=record.e2e_s, tenant=call.tenant,
+        )
+        accepted = self.mirror.offer(job)
+        self.metrics.count_event("shadow_mirrored" if accepted else "shadow_dropped", record.route)
+
+    async def _send_shadow(self, job: MirrorJob) -> ShadowAnswer:
+        """Send one copy to the shadow revision; its answer only ever lands in a paired record."""
+        target: Target = job.target
+        body = rewrite_model(job.body, target.served_model) if target.served_model else job.body
+        address = target.endpoints[self._next_endpoint(target)]
+        start = time.time()
+        relay = Relay(None, b"", True, False)
+        connection = await self.pool.connect(address)
+        mirror_headers = b"X-Request-Id: " + job.request_id.encode() + b"\r\nX-Revgate-Shadow: 1\r\n"
+        connection.send(request_bytes("POST", job.path.encode(), address, body, mirror_headers), relay)
+        try:
+            async with asyncio.timeout(self.route.timeout_s if self.route else 60):
+                await relay.finished
+        except TimeoutError:
+            connection.close()
+            return ShadowAnswer(None, None, None, time.time() - start, error="timeout")
+        self._record_shadow(job, target, relay, start)
+        text = output_text(relay.body(), relay.streamed)
+        ttft = None if relay.first_s is None else relay.first_s - start
+        e2e = None if relay.last_s is None else relay.last_s - start
+        return ShadowAnswer(relay.status or None, text, ttft, e2e, error=str(relay.error or ""))
+
+    def _record_shadow(self, job: MirrorJob, target: Target, relay: Relay, start: float) -> None:
+        usage = usage_of(relay.body(), relay.streamed)
+        self.records.append(RequestRecord(
+            request_id=job.request_id, revision=target.fingerprint, arm="shadow", arrival_s=start,
+            outcome="error" if relay.error or relay.status != 200 else "ok", route=job.route,
+            generation=job.generation, tenant=job.tenant, first_token_s=relay.first_s, last_token_s=relay.last_s,
+            prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens, finish_reason=usage.finish_reason,
+            status_code=relay.status or None, error=str(relay.error or ""),
+        ))
+
+    # --- admin -----------------------------------------------------------------------------
+
+    async def admin(self, caller: ServerConnection, request: Request) -> None:
+        """The admin port: /metrics (open), /admin/* (bearer token)."""
+        path = request.path.split(b"?", 1)[0]
+        if path == b"/metrics":
+            self._export_mirror_counters()
+            caller.respond(200, self.metrics.render(), content_type=b"text/plain; version=0.0.4")
+            return
+        if not self._authorised(request):
+            caller.respond(401, _error_body("admin endpoints need 'Authorization: Bearer <token>'", "unauthorized"))
+            return
+        if (request.method, path) == ("POST", b"/admin/notify"):
+            result = await self.refresh()
+            caller.respond(200, json.dumps({"result": result, "generation": self._generation()}).encode())
+        elif (request.method, path) == ("GET", b"/admin/snapshot"):
+            route = self.route
+            caller.respond(200 if route else 404, route.snapshot.canonical() if route else NO_ROUTE)
+        else:
+            caller.respond(404, _error_body(f"no such admin endpoint: {path.decode()}", "not_found"))
+
+    def _authorised(self, request: Request) -> bool:
+        token = self.config.admin_token
+        if not token:
+            return False  # no token configured: admin actions are off, never open
+        offered = request.headers.get(b"authorization", b"").removeprefix(b"Bearer ")
+        return hmac.compare_digest(offered, token.encode())
+
+    def _generation(self) -> int:
+        return 0 if self.route is None else self.route.snapshot.generation
+
+    def _export_mirror_counters(self) -> None:
+        counters = self.mirror.counters
+        route = self.config.route
+        for name, value in (("shadow_sent", counters.sent), ("shadow_failed", counters.failed)):
+            self.metrics.events[(("event", name), ("route", route))] = value
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int, admin_host: str, admin_port: int) -> None:
+        """Load the snapshot, then listen on the public and admin ports."""
+        await self.refresh()
+        self.records.start()
+        self.paired.start()
+        self.mirror.start()
+        self._poller = asyncio.create_task(self._poll())
+        self._servers = [await serve(self.handle, host, port), await serve(self.admin, admin_host, admin_port)]
+
+    async def close(self) -> None:
+        """Stop listening and flush records."""
+        for server in self._servers:
+            server.close()
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        await self.mirror.stop()
+        self.pool.close()
+        await self.records.close()
+        await self.paired.close()
+
+
+async def run_router(store: RouteStore, config: RouterConfig, *, host: str, port: int, admin_host: str,
+                     admin_port: int, ready: asyncio.Event | None = None) -> None:
+    """Serve until cancelled (SIGINT/SIGTERM in the command)."""
+    router = Router(store, config)
+    await router.start(host, port, admin_host, admin_port)
+    if ready is not None:
+        ready.set()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await router.close()
+
+
+def check_config(config: RouterConfig) -> None:
+    """Refuse a configuration that cannot work, before listening."""
+    if config.poll_interval_s <= 0:
+        raise RevgateError("poll interval must be positive", where="--poll-interval", fix="Give seconds, e.g. 1.0.")

@@ -1,0 +1,65 @@
+"""JSON-lines writers that batch off the request path: requests append, a timer flushes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import IO, Protocol
+
+
+class JsonLine(Protocol):
+    """Anything that serialises itself as one JSON line."""
+
+    def to_json(self) -> str:
+        """One line, no newline."""
+        ...
+
+
+class JsonLinesWriter:
+    """Appends records to a file in batches; with no path it discards them."""
+
+    def __init__(self, path: Path | None, *, interval_s: float = 0.2) -> None:
+        self.path, self.interval_s = path, interval_s
+        self.buffer: list[JsonLine] = []
+        self.written = 0
+        self._stream: IO[str] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def append(self, record: JsonLine) -> None:
+        """Queue one record (constant time; serialisation happens at flush)."""
+        if self.path is not None:
+            self.buffer.append(record)
+
+    def start(self) -> None:
+        """Open the file and start the flush timer on the running loop."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._stream = self.path.open("a", encoding="utf-8")
+        self._task = asyncio.create_task(self._run())
+
+    def flush(self) -> None:
+        """Write everything queued so far."""
+        if not self.buffer or self._stream is None:
+            return
+        batch, self.buffer = self.buffer, []
+        self._stream.write("".join(record.to_json() + "\n" for record in batch))
+        self._stream.flush()
+        self.written += len(batch)
+
+    async def close(self) -> None:
+        """Stop the timer, write what is left, close the file."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.flush()
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.flush()

@@ -1,0 +1,128 @@
+"""Traffic assignment, as pure functions: canary split, lease expiry, shadow sampling.
+
+The hot path reads a :class:`PinnedRoute` compiled once per snapshot, so a request costs one
+hash and a few comparisons; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from manifests.route import PPM, RevisionTarget, RouteSnapshot
+
+STABLE = "stable"
+CANDIDATE = "candidate"
+
+
+def bucket_ppm(salt: bytes, key: bytes) -> int:
+    """A uniform, deterministic position of ``key`` in [0, 1_000_000) under ``salt``."""
+    digest = hashlib.blake2b(key, digest_size=8, key=salt[:64]).digest()
+    return int.from_bytes(digest, "big") % PPM
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A revision as the router uses it: precomputed header bytes and endpoint order."""
+
+    arm: str
+    fingerprint: str
+    endpoints: tuple[tuple[str, int], ...]
+    urls: tuple[str, ...]
+    served_model: str | None
+    headers: bytes  # "x-revgate-revision: ...\r\nx-revgate-generation: ...\r\n"
+    short: str
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedRoute:
+    """A validated snapshot compiled for the hot path; requests pin one of these at entry."""
+
+    snapshot: RouteSnapshot
+    stable: Target
+    candidate: Target | None
+    canary_salt: bytes
+    canary_weight_ppm: int
+    canary_expires_s: float
+    shadow: Target | None
+    shadow_salt: bytes
+    shadow_sample_ppm: int
+    shadow_expires_s: float
+    side_effecting_tools: frozenset[str]
+    failure_domains: dict[str, str]
+    timeout_s: float
+    max_retries: int
+
+    def assign(self, key: bytes, now_s: float) -> Target:
+        """Stable or candidate for a stickiness key; the candidate only inside its lease."""
+        candidate = self.candidate
+        if candidate is None or now_s >= self.canary_expires_s or self.canary_weight_ppm == 0:
+            return self.stable
+        if bucket_ppm(self.canary_salt, key) < self.canary_weight_ppm:
+            return candidate
+        return self.stable
+
+    def shadow_for(self, request_id: bytes, now_s: float) -> Target | None:
+        """The shadow target if this request is sampled for mirroring and the lease holds."""
+        shadow = self.shadow
+        if shadow is None or now_s >= self.shadow_expires_s or self.shadow_sample_ppm == 0:
+            return None
+        if bucket_ppm(self.shadow_salt, request_id) < self.shadow_sample_ppm:
+            return shadow
+        return None
+
+
+def _address(url: str) -> tuple[str, int]:
+    host_port = url.removeprefix("http://").rstrip("/")
+    host, _, port = host_port.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _target(arm: str, target: RevisionTarget, generation: int) -> Target:
+    headers = (
+        f"x-revgate-revision: {target.fingerprint}\r\nx-revgate-generation: {generation}\r\n"
+        f"x-revgate-arm: {arm}\r\n"
+    ).encode()
+    return Target(
+        arm=arm,
+        fingerprint=target.fingerprint,
+        endpoints=tuple(_address(url) for url in target.endpoints),
+        urls=target.endpoints,
+        served_model=target.served_model,
+        headers=headers,
+        short=target.short,
+    )
+
+
+def compile_route(snapshot: RouteSnapshot) -> PinnedRoute:
+    """Precompute everything a request needs from ``snapshot``."""
+    candidate, shadow = snapshot.candidate, snapshot.shadow
+    generation = snapshot.generation
+    return PinnedRoute(
+        snapshot=snapshot,
+        stable=_target(STABLE, snapshot.stable, generation),
+        candidate=None if candidate is None else _target(CANDIDATE, candidate, generation),
+        # Salting with route and candidate keeps cohorts independent across candidates while a
+        # weight ramp (1% -> 5%) only adds keys: a conversation never flips back.
+        canary_salt=f"{snapshot.route}|{candidate.fingerprint if candidate else ''}".encode(),
+        canary_weight_ppm=0 if candidate is None else candidate.weight_ppm,
+        canary_expires_s=0.0 if candidate is None else candidate.lease_expires_at.timestamp(),
+        shadow=None if shadow is None else _target("shadow", shadow, generation),
+        shadow_salt=f"shadow|{snapshot.route}|{shadow.fingerprint if shadow else ''}".encode(),
+        shadow_sample_ppm=0 if shadow is None else shadow.sample_ppm,
+        shadow_expires_s=0.0 if shadow is None else shadow.lease_expires_at.timestamp(),
+        side_effecting_tools=frozenset(() if shadow is None else shadow.side_effecting_tools),
+        failure_domains=dict(snapshot.failure_domains),
+        timeout_s=snapshot.request_timeout_ms / 1000,
+        max_retries=snapshot.max_retries,
+    )
+
+
+def retry_order(target: Target, failure_domains: dict[str, str], first: int) -> list[int]:
+    """Endpoint indexes to try: ``first``, then others in other failure domains before the same domain."""
+    count = len(target.urls)
+    order = [(first + step) % count for step in range(count)]
+    home = failure_domains.get(target.urls[first])
+    if home is None:
+        return order
+    return [order[0], *sorted(order[1:], key=lambda index: failure_domains.get(target.urls[index]) == home)]

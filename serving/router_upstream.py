@@ -1,0 +1,182 @@
+"""A small pooled HTTP/1.1 client for the router's upstreams, on asyncio protocols and httptools.
+
+Response events go straight to a :class:`Sink` (the request's relay) as they are parsed, so a
+streamed body reaches the caller chunk by chunk with no queue in between. Idle keep-alive
+connections are pooled per endpoint; a connection that failed or was cut mid-response is closed,
+never reused, which is also how a cancelled request is cancelled upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Protocol, cast
+
+import httptools
+
+Address = tuple[str, int]
+MAX_IDLE_PER_ENDPOINT = 512
+
+
+class UpstreamError(Exception):
+    """The upstream failed before a complete response (refused, reset, malformed)."""
+
+    def __init__(self, message: str, *, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale  # a reused idle connection closed before answering: safe to resend at once
+
+
+class Sink(Protocol):
+    """Receives one response's events."""
+
+    def on_headers(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Status and headers arrived."""
+
+    def on_body(self, chunk: bytes) -> None:
+        """A piece of the (de-chunked) body arrived."""
+
+    def on_complete(self) -> None:
+        """The response ended."""
+
+    def on_error(self, error: UpstreamError) -> None:
+        """The exchange failed; no further events follow."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to one endpoint, carrying one exchange at a time."""
+
+    def __init__(self, pool: UpstreamPool, address: Address) -> None:
+        self.pool, self.address = pool, address
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.sink: Sink | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.received = False
+        self.reused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Keep the transport; disable Nagle for small request writes."""
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+
+    def send(self, request: bytes, sink: Sink) -> None:
+        """Write a full request; events go to ``sink``."""
+        self.sink, self.headers, self.received = sink, [], False
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser; a protocol error fails the exchange and the connection."""
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(UpstreamError(f"malformed response from upstream: {error}"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """httptools callback: one header."""
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        """httptools callback: status line and headers done."""
+        if self.sink is not None:
+            self.sink.on_headers(self.parser.get_status_code(), self.headers)
+
+    def on_body(self, body: bytes) -> None:
+        """httptools callback: a body piece."""
+        if self.sink is not None:
+            self.sink.on_body(body)
+
+    def on_message_complete(self) -> None:
+        """httptools callback: response done; the connection goes back to the pool if reusable."""
+        sink, self.sink = self.sink, None
+        if self.parser.should_keep_alive():
+            self.pool.release(self)
+        else:
+            self.close()
+        if sink is not None:
+            sink.on_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The socket closed: fail any exchange in progress."""
+        self.pool.forget(self)
+        stale = self.reused and not self.received
+        self._fail(UpstreamError(f"upstream {self.address[0]}:{self.address[1]} closed the connection", stale=stale))
+
+    def pause(self) -> None:
+        """Stop reading (the caller is slow)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        """Resume reading."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Abort the connection: in-flight work upstream sees a disconnect and is cancelled."""
+        self.sink = None
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, error: UpstreamError) -> None:
+        sink, self.sink = self.sink, None
+        if self.transport is not None:
+            self.transport.abort()
+        if sink is not None:
+            sink.on_error(error)
+
+
+class UpstreamPool:
+    """Idle keep-alive connections per endpoint."""
+
+    def __init__(self) -> None:
+        self.idle: dict[Address, list[UpstreamConnection]] = defaultdict(list)
+
+    async def connect(self, address: Address, *, fresh: bool = False) -> UpstreamConnection:
+        """An idle connection to ``address``, or a new one; UpstreamError if it cannot connect."""
+        idle = self.idle[address]
+        while idle and not fresh:
+            connection = idle.pop()
+            if connection.transport is not None and not connection.transport.is_closing():
+                connection.reused = True
+                return connection
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await loop.create_connection(lambda: UpstreamConnection(self, address), *address)
+        except OSError as error:
+            raise UpstreamError(f"cannot connect to upstream {address[0]}:{address[1]}: {error}") from None
+        return protocol
+
+    def release(self, connection: UpstreamConnection) -> None:
+        """Return a finished keep-alive connection to the pool."""
+        idle = self.idle[connection.address]
+        if len(idle) < MAX_IDLE_PER_ENDPOINT:
+            idle.append(connection)
+        else:
+            connection.close()
+
+    def forget(self, connection: UpstreamConnection) -> None:
+        """Drop a closed connection from the idle list."""
+        idle = self.idle.get(connection.address)
+        if idle and connection in idle:
+            idle.remove(connection)
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        for idle in self.idle.values():
+            for connection in list(idle):
+                connection.close()
+            idle.clear()
+
+
+def request_bytes(method: str, path: bytes, address: Address, body: bytes, extra_headers: bytes = b"") -> bytes:
+    """An HTTP/1.1 keep-alive request."""
+    head = (
+        f"{method} ".encode()
+        + path
+        + f" HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\nContent-Type: application/json\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n".encode()
+        + extra_headers
+        + b"\r\n"
+    )
+    return head + body

@@ -1,0 +1,310 @@
+"""The worker agent: owns the replicas on this host, from verified load to drained stop.
+
+One asyncio loop. Blocking steps (fetch, hashing, starting and stopping vLLM) run in threads;
+the control API and the per-replica proxies run on the loop. A replica value is replaced on
+every change (see :mod:`serving.worker_state`), so readers always see a consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from manifests.errors import RevgateError
+from serving.engine import Device, EngineError, EngineProcess, engine_command, engine_env, free_port, port_is_open
+from serving.worker_artifact import PreparedArtifact, prepare_artifact
+from serving.worker_drain import Admission
+from serving.worker_proxy import ReplicaProxy
+from serving.worker_request import ReplicaRequest
+from serving.worker_state import DrainReport, Failure, Replica, ReplicaState
+from serving.worker_warm import vocab_size, warm_up
+
+LOG_TAIL_LINES = 20
+SUPERVISE_EVERY_S = 0.25
+
+Preparer = Callable[[ReplicaRequest, Path], PreparedArtifact]
+
+
+class UnknownReplica(RevgateError):
+    """No replica with this id is known to this worker."""
+
+
+class SupervisedEngine(EngineProcess):
+    """An engine process whose exit can be polled without blocking (for supervision)."""
+
+    def exit_code(self) -> int | None:
+        """The exit status once the process has ended, else None."""
+        return None if self._process is None else self._process.poll()
+
+
+def served_model_name(request: ReplicaRequest) -> str:
+    """The served model name carries the revision fingerprint, so a router can check what it talks to."""
+    name = request.revision.name or "revision"
+    return f"{name}@{request.revision.short}"
+
+
+def log_tail(path: Path, count: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``count`` lines of a replica's engine log."""
+    try:
+        return tuple(path.read_text(errors="replace").splitlines()[-count:])
+    except OSError:
+        return ()
+
+
+def failure_of(error: BaseException) -> Failure:
+    """A failure record from an exception, keeping the typed error's name."""
+    return Failure(error=type(error).__name__, message=str(error))
+
+
+def process_gone(pid: int | None) -> bool:
+    """Whether the process no longer exists (its memory is released)."""
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    # A reaped child disappears; a zombie still answers kill(0), so look at its state.
+    status = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        return status.read_text().split(") ")[-1].startswith("Z")
+    return True
+
+
+@dataclass
+class _Running:
+    """The live parts of one replica: its engine, proxy, admission gate and background tasks."""
+
+    request: ReplicaRequest
+    admission: Admission
+    log_path: Path
+    engine: SupervisedEngine | None = None
+    proxy: ReplicaProxy | None = None
+    stopping: bool = False
+    vocab: int = 256
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class WorkerAgent:
+    """Starts, supervises, drains and reports the replicas of this host."""
+
+    def __init__(
+        self,
+        cache: Path,
+        *,
+        device: Device = "cpu",
+        engine_python: Path | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 300.0,
+        preparer: Preparer = prepare_artifact,
+    ) -> None:
+        self.cache = cache
+        self.device = device
+        self.engine_python = engine_python
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.preparer = preparer
+        self._replicas: dict[str, Replica] = {}
+        self._running: dict[str, _Running] = {}
+        self._ids = itertools.count(1)
+        (cache / "logs").mkdir(parents=True, exist_ok=True)
+
+    # ----- reading
+
+    def replicas(self) -> list[Replica]:
+        """A snapshot of every replica this agent has had, in start order."""
+        return list(self._replicas.values())
+
+    def replica(self, replica_id: str) -> Replica:
+        """One replica's current state, or :class:`UnknownReplica`."""
+        try:
+            return self._replicas[replica_id]
+        except KeyError:
+            raise UnknownReplica(
+                f"no replica {replica_id!r} on this worker", fix="List replicas with GET /v1/replicas."
+            ) from None
+
+    # ----- lifecycle
+
+    def start(self, request: ReplicaRequest) -> Replica:
+        """Create a replica (state ``created``) and bring it up in the background; returns at once.
+
+        Every start is a new identity: a failed or drained replica is never restarted under its id.
+        """
+        replica_id = f"{request.revision.short}-{next(self._ids)}"
+        replica = Replica(replica_id=replica_id, revision=request.revision.fingerprint,
+                          served_model=served_model_name(request))
+        self._replicas[replica_id] = replica
+        running = _Running(request, Admission(replica_id), self.cache / "logs" / f"{replica_id}.log")
+        self._running[replica_id] = running
+        running.tasks.append(asyncio.get_running_loop().create_task(self._bring_up(replica_id)))
+        return replica
+
+    def _set(self, replica: Replica) -> Replica:
+        self._replicas[replica.replica_id] = replica
+        return replica
+
+    def _timed(self, replica_id: str, **timings: float) -> None:
+        replica = self._replicas[replica_id]
+        self._set(replace(replica, timings_s={**replica.timings_s, **timings}))
+
+    async def _bring_up(self, replica_id: str) -> None:
+        running = self._running[replica_id]
+        try:
+            await self._load(replica_id, running)
+            await self._warm(replica_id, running)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # every failure, typed or not, is reported on the replica
+            await self._fail(replica_id, failure_of(error))
+
+    async def _load(self, replica_id: str, running: _Running) -> None:
+        started = time.monotonic()
+        self._set(self._replicas[replica_id].moved_to(ReplicaState.LOADING))
+        prepared = await asyncio.to_thread(self.preparer, running.request, self.cache)
+        self._timed(replica_id, fetch_s=prepared.fetch_s, verify_s=prepared.verify_s)
+        if running.stopping:
+            return
+        engine = self.engine_for(running.request, prepared.model_dir, running.log_path)
+        running.engine = engine
+        engine_started = time.monotonic()
+        await asyncio.to_thread(engine.start)
+        self._set(replace(self._replicas[replica_id], engine_port=engine.port, pid=engine.pid))
+        running.tasks.append(asyncio.get_running_loop().create_task(self._supervise(replica_id)))
+        await asyncio.to_thread(engine.wait_healthy, self.startup_timeout_s)
+        self._timed(replica_id, engine_start_s=time.monotonic() - engine_started, load_s=time.monotonic() - started)
+        running.vocab = vocab_size(prepared.model_dir)
+
+    def engine_for(self, request: ReplicaRequest, model_dir: Path, log_path: Path) -> SupervisedEngine:
+        """The (unstarted) engine for a verified model directory: this host's device, a free port,
+        the revision's execution config, and the fingerprint in the served model name.
+        """
+        execution = request.revision.execution
+        port = free_port(self.host)
+        command = engine_command(
+            model_dir, execution, port, served_model_name(request),
+            device=self.device, python=self.engine_python, host=self.host,
+        )
+        return SupervisedEngine(command, engine_env(execution, self.device), port, self.host, log_path)
+
+    async def _warm(self, replica_id: str, running: _Running) -> None:
+        if running.stopping or running.engine is None:
+            return
+        self._set(self._replicas[replica_id].moved_to(ReplicaState.WARMING))
+        started = time.monotonic()
+        replica = self._replicas[replica_id]
+        capacity = await warm_up(
+            running.engine.port, replica.served_model, running.request.warm,
+            running.vocab, replica_id,
+        )
+        running.proxy = ReplicaProxy(running.admission, replica.revision, running.engine.port, self.host)
+        proxy_port = await running.proxy.start()
+        if running.stopping:
+            return
+        self._timed(replica_id, warm_s=time.monotonic() - started)
+        # Readiness is published in one step: the state and the gate change together.
+        running.admission.open()
+        self._set(self._replicas[replica_id].moved_to(
+            ReplicaState.READY, capacity=capacity, endpoint=f"http://{self.host}:{proxy_port}"
+        ))
+
+    async def _supervise(self, replica_id: str) -> None:
+        """Notice a dead engine: report state, exit code and log tail; never restart it under this id."""
+        running = self._running[replica_id]
+        while running.engine is not None and not running.stopping:
+            code = running.engine.exit_code()
+            if code is not None:
+                failure = Failure(
+                    error="ReplicaDied",
+                    message=f"the engine process {running.engine.pid} exited with status {code}",
+                    exit_code=code,
+                    log_tail=log_tail(running.log_path),
+                )
+                await self._fail(replica_id, failure)
+                return
+            await asyncio.sleep(SUPERVISE_EVERY_S)
+
+    async def _fail(self, replica_id: str, failure: Failure) -> None:
+        replica = self._replicas[replica_id]
+        if replica.state in (ReplicaState.FAILED, ReplicaState.TERMINATED):
+            return
+        running = self._running[replica_id]
+        running.stopping = True
+        running.admission.close(f"replica {replica_id} failed: {failure.message.splitlines()[0]}")
+        self._set(replica.failed(failure))
+        await self._release(running)
+
+    async def _release(self, running: _Running) -> tuple[bool, int | None]:
+        """Stop the engine and the proxy; whether the port is free, and the engine's exit status."""
+        if running.proxy is not None:
+            await running.proxy.close()
+        engine = running.engine
+        if engine is None:
+            return True, None
+        with contextlib.suppress(EngineError):
+            await asyncio.to_thread(engine.stop)
+        return not port_is_open(engine.port, self.host), engine.exit_code()
+
+    def withdraw(self, replica_id: str) -> Replica:
+        """First step of a drain, synchronous: readiness withdrawn and new requests refused at once."""
+        replica = self.replica(replica_id)
+        running = self._running[replica_id]
+        drained = self._set(replica.moved_to(ReplicaState.DRAINING))  # IllegalTransition names the allowed states
+        running.stopping = True
+        running.admission.close(f"replica {replica_id} is draining; retry on another replica")
+        return drained
+
+    async def drain(self, replica_id: str, grace_s: float) -> Replica:
+        """Withdraw readiness, refuse new requests, wait up to ``grace_s`` for in-flight ones,
+        cancel the rest with a stated reason, stop the engine, and confirm port and memory release.
+        """
+        if self.replica(replica_id).state is not ReplicaState.DRAINING:
+            self.withdraw(replica_id)
+        running = self._running[replica_id]
+        outcome = await running.admission.drain(grace_s, f"replica {replica_id} is draining; retry on another replica")
+        for task in running.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        port_released, exit_code = await self._release(running)
+        engine_pid = running.engine.pid if running.engine is not None else None
+        report = DrainReport(
+            grace_s=grace_s, completed=outcome.completed, cancelled=outcome.cancelled,
+            cancel_reason=outcome.cancel_reason,
+            port_released=port_released,
+            memory_released=process_gone(engine_pid),
+            process_exit_code=exit_code,
+        )
+        return self._set(self._replicas[replica_id].moved_to(ReplicaState.TERMINATED, drain=report))
+
+    def begin_drain(self, replica_id: str, grace_s: float) -> Replica:
+        """Withdraw at once and finish the drain in the background; returns the ``draining`` replica."""
+        drained = self.withdraw(replica_id)
+        loop = asyncio.get_running_loop()
+        self._running[replica_id].tasks.append(loop.create_task(self._drain_task(replica_id, grace_s)))
+        return drained
+
+    async def _drain_task(self, replica_id: str, grace_s: float) -> None:
+        try:
+            await self.drain(replica_id, grace_s)
+        except RevgateError as error:
+            await self._fail(replica_id, failure_of(error))
+
+    async def close(self, grace_s: float = 5.0) -> None:
+        """Drain every live replica (on agent shutdown nothing is left running)."""
+        live = [r.replica_id for r in self.replicas() if r.state not in (ReplicaState.FAILED, ReplicaState.TERMINATED)]
+        for replica_id in live:
+            running = self._running[replica_id]
+            running.stopping = True
+            if self._replicas[replica_id].state is ReplicaState.CREATED:
+                self._set(self._replicas[replica_id].moved_to(ReplicaState.TERMINATED))
+                continue
+            with contextlib.suppress(RevgateError):
+                await self.drain(replica_id, grace_s)

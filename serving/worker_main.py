@@ -1,0 +1,31 @@
+"""Run a worker agent and its control API on one asyncio loop (the ``revgate worker`` command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import uvicorn
+
+from serving.engine import Device
+from serving.worker_agent import WorkerAgent
+from serving.worker_api import ControlApp
+from serving.worker_auth import load_token
+
+
+async def serve_worker(
+    *,
+    host: str,
+    port: int,
+    cache: Path,
+    token_file: Path,
+    device: Device = "cpu",
+    engine_python: Path | None = None,
+    startup_timeout_s: float = 300.0,
+) -> None:
+    """Serve until SIGINT/SIGTERM; the token is checked before anything listens."""
+    token = load_token(token_file)
+    agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=host,
+                        startup_timeout_s=startup_timeout_s)
+    config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",
+                            lifespan="on", access_log=False)
+    await uvicorn.Server(config).serve()

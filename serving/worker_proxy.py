@@ -1,0 +1,167 @@
+"""The thin local proxy in front of one vLLM replica: admission, in-flight counting, revision header.
+
+Raw asyncio streams, no framework: it parses only the request head and Content-Length, relays
+the upstream response bytes as they come (SSE streams included) and adds the headers that name
+the revision and replica. One request per client connection (``Connection: close``): this keeps
+the relay free of response framing, and the router in front pools nothing through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from serving.worker_drain import Admission, Refusal
+
+REVISION_HEADER = "x-revgate-revision"
+REPLICA_HEADER = "x-revgate-replica"
+MAX_HEAD_BYTES = 64 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "upgrade"}
+
+
+class BadRequest(Exception):
+    """The client's request head or body cannot be relayed."""
+
+
+def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
+    lines = head.decode("latin-1").split("\r\n")
+    request_line, header_lines = lines[0], [line for line in lines[1:] if line]
+    if len(request_line.split(" ")) != 3:
+        raise BadRequest(f"malformed request line {request_line[:80]!r}")
+    headers = []
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise BadRequest(f"malformed header line {line[:80]!r}")
+        headers.append((name.strip(), value.strip()))
+    return request_line, headers
+
+
+def upstream_request(head: bytes, body: bytes) -> tuple[bytes, int]:
+    """The request to send upstream (hop-by-hop headers replaced by ``Connection: close``) and its body size."""
+    request_line, headers = _parse_head(head)
+    lengths = [value for name, value in headers if name.lower() == "content-length"]
+    if any(name.lower() == "transfer-encoding" for name, _ in headers):
+        raise BadRequest("chunked request bodies are not supported; send Content-Length")
+    kept = [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP]
+    text = "\r\n".join([request_line, *kept, "Connection: close", "", ""])
+    return text.encode("latin-1") + body, int(lengths[0]) if lengths else 0
+
+
+def tagged_response_head(head: bytes, revision: str, replica_id: str) -> bytes:
+    """The upstream response head with the revision and replica headers added and ``Connection: close``."""
+    lines = head.decode("latin-1").split("\r\n")
+    kept = [line for line in lines[1:] if line and line.partition(":")[0].strip().lower() not in HOP_BY_HOP]
+    extra = [f"{REVISION_HEADER}: {revision}", f"{REPLICA_HEADER}: {replica_id}", "connection: close"]
+    return "\r\n".join([lines[0], *kept, *extra, "", ""]).encode("latin-1")
+
+
+def error_response(status: int, phrase: str, reason: str, revision: str, retry_after_s: int | None = None) -> bytes:
+    """A complete JSON error response in the OpenAI error shape, with the retry signal when given."""
+    body = json.dumps({"error": {"message": reason, "type": phrase.lower().replace(" ", "_"), "code": status}})
+    headers = [
+        f"HTTP/1.1 {status} {phrase}",
+        "content-type: application/json",
+        f"content-length: {len(body.encode())}",
+        f"{REVISION_HEADER}: {revision}",
+        "connection: close",
+    ]
+    if retry_after_s is not None:
+        headers.append(f"retry-after: {retry_after_s}")
+    return ("\r\n".join([*headers, "", ""]) + body).encode("utf-8")
+
+
+def refusal_response(refusal: Refusal, revision: str) -> bytes:
+    """503 with Retry-After and the reason: the caller should go to another replica or retry later."""
+    return error_response(503, "Service Unavailable", refusal.reason, revision, refusal.retry_after_s)
+
+
+class _Exchange:
+    """Progress of one relayed request: whether the caller has seen the response head yet."""
+
+    head_sent = False
+
+
+class ReplicaProxy:
+    """Listens on a free local port and relays admitted requests to the replica's engine port."""
+
+    def __init__(self, admission: Admission, revision: str, upstream_port: int, host: str = "127.0.0.1") -> None:
+        self.admission = admission
+        self.revision = revision
+        self.upstream_port = upstream_port
+        self.host = host
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        """Start listening on a free port; returns it."""
+        self._server = await asyncio.start_server(self._handle, self.host, 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        """Stop listening (requests in flight are the drain's business, not this method's)."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if len(head) > MAX_HEAD_BYTES:
+                raise BadRequest("request head too large")
+            refusal = self.admission.refusal()
+            if refusal is not None:
+                writer.write(refusal_response(refusal, self.revision))
+                return
+            await self._admitted(head, reader, writer)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        except BadRequest as error:
+            writer.write(error_response(400, "Bad Request", str(error), self.revision))
+        finally:
+            with contextlib.suppress(Exception):
+                await writer.drain()
+                writer.close()
+
+    async def _admitted(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.admission.enter(task)
+        exchange = _Exchange()
+        try:
+            request, length = upstream_request(head, b"")
+            if length > MAX_BODY_BYTES:
+                raise BadRequest("request body too large")
+            body = await reader.readexactly(length)
+            await self._relay(request + body, writer, exchange)
+        except asyncio.CancelledError:
+            # Before the first byte the caller gets the stated reason; after it, the stream just ends
+            # (the drain report carries the reason).
+            if not exchange.head_sent:
+                reason = self.admission.cancel_reason(task) or "cancelled"
+                writer.write(error_response(503, "Service Unavailable", reason, self.revision, 1))
+            raise
+        except OSError as error:
+            if not exchange.head_sent:
+                reason = f"replica engine unreachable: {error}"
+                writer.write(error_response(502, "Bad Gateway", reason, self.revision))
+        finally:
+            self.admission.leave(task)
+
+    async def _relay(self, request: bytes, writer: asyncio.StreamWriter, exchange: _Exchange) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        try:
+            up_writer.write(request)
+            await up_writer.drain()
+            head = await up_reader.readuntil(b"\r\n\r\n")
+            writer.write(tagged_response_head(head, self.revision, self.admission.replica_id))
+            exchange.head_sent = True
+            while chunk := await up_reader.read(65536):
+                writer.write(chunk)
+                await writer.drain()
+        finally:
+            up_writer.close()

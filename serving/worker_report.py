@@ -1,0 +1,48 @@
+"""What the worker tells the control plane: replica views and the capacity report. Pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Any
+
+from serving.worker_state import Replica, ReplicaState
+
+# Listed per revision so a controller sees capacity on its way, but never counted as capacity.
+PENDING = (ReplicaState.CREATED, ReplicaState.LOADING, ReplicaState.WARMING)
+
+
+def replica_view(replica: Replica) -> dict[str, Any]:
+    """The JSON view of one replica: state, endpoint, readiness, timings, capacity, failure, drain."""
+    view = asdict(replica)
+    view["state"] = str(replica.state)
+    view["ready"] = replica.is_ready
+    if replica.failure is not None:
+        view["failure"]["log_tail"] = list(replica.failure.log_tail)
+    return view
+
+
+def _empty_revision_entry() -> dict[str, Any]:
+    entry: dict[str, Any] = {"ready_replicas": 0, "requests_per_s": 0.0, "output_tokens_per_s": 0.0}
+    entry.update({str(state): [] for state in (*PENDING, ReplicaState.READY, ReplicaState.DRAINING)})
+    return entry
+
+
+def capacity_report(replicas: Iterable[Replica]) -> dict[str, Any]:
+    """Ready replicas per revision with their summed measured capacity.
+
+    Loading, warming and draining replicas are listed by id under their state but add nothing to
+    ``ready_replicas`` or the capacity figures: a controller must not route to capacity that is
+    still coming or already leaving. Failed and terminated replicas are left out.
+    """
+    revisions: dict[str, dict[str, Any]] = {}
+    for replica in replicas:
+        if replica.state in (ReplicaState.FAILED, ReplicaState.TERMINATED):
+            continue
+        entry = revisions.setdefault(replica.revision, _empty_revision_entry())
+        entry[str(replica.state)].append(replica.replica_id)
+        if replica.is_ready and replica.capacity is not None:
+            entry["ready_replicas"] += 1
+            entry["requests_per_s"] += replica.capacity.requests_per_s
+            entry["output_tokens_per_s"] += replica.capacity.output_tokens_per_s
+    return {"revisions": revisions}

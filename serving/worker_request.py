@@ -1,0 +1,38 @@
+"""The start request a worker receives: "run revision R", pinned, with how to verify and warm it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import field_validator
+
+from manifests.document import API_VERSION, Document
+from manifests.revision import ServiceRevision
+from manifests.worker import WarmProfile
+
+
+class ReplicaRequest(Document):
+    """Start one replica of ``revision``: its artifact comes from ``store`` by the pinned manifest digest.
+
+    ``signature_policy`` is the registry's policy document (who must have signed the artifact);
+    the worker refuses to load anything that does not verify against it.
+    """
+
+    kind: Literal["ReplicaRequest"] = "ReplicaRequest"
+    api_version: Literal["revgate/v1"] = API_VERSION
+    revision: ServiceRevision
+    store: str
+    signature_policy: dict[str, Any]
+    warm: WarmProfile = WarmProfile()
+
+    @field_validator("store")
+    @classmethod
+    def _store_named(cls, store: str) -> str:
+        if not store.strip():
+            raise ValueError("store must name an artifact store URL (a path or s3://bucket/prefix)")
+        return store
+
+    @property
+    def manifest_digest(self) -> str:
+        """The pinned artifact manifest digest: the only identity the worker fetches and loads."""
+        return self.revision.artifact.digest

@@ -1,0 +1,133 @@
+"""The bounded, fire-and-forget mirror: copies of requests go to a shadow revision off the serving path.
+
+``offer`` never blocks and never fails the caller: when the queue is full the copy is dropped and
+counted. A fixed number of workers send the copies; whatever the shadow answers goes only into a
+paired record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shadow.records import PairedRecord
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorJob:
+    """One request to mirror, with what the caller already received from its pinned revision."""
+
+    request_id: str
+    route: str
+    generation: int
+    path: str
+    body: bytes
+    target: Any  # the router's shadow target; opaque here
+    stable_revision: str
+    shadow_revision: str
+    stable_status: int
+    stable_output: str | None
+    stable_ttft_s: float | None
+    stable_e2e_s: float | None
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowAnswer:
+    """What the shadow revision returned (never shown to the caller)."""
+
+    status: int | None
+    output: str | None
+    ttft_s: float | None
+    e2e_s: float | None
+    error: str = ""
+
+
+@dataclass
+class MirrorCounters:
+    """Offered, dropped (queue full), sent and failed copies."""
+
+    offered: int = 0
+    dropped: int = 0
+    sent: int = 0
+    failed: int = 0
+
+
+Send = Callable[[MirrorJob], Awaitable[ShadowAnswer]]
+Write = Callable[[PairedRecord], None]
+
+
+def pair(job: MirrorJob, answer: ShadowAnswer) -> PairedRecord:
+    """The paired record for a mirrored request."""
+    return PairedRecord(
+        request_id=job.request_id,
+        route=job.route,
+        generation=job.generation,
+        path=job.path,
+        stable_revision=job.stable_revision,
+        shadow_revision=job.shadow_revision,
+        stable_status=job.stable_status,
+        stable_output=job.stable_output,
+        stable_ttft_s=job.stable_ttft_s,
+        stable_e2e_s=job.stable_e2e_s,
+        shadow_status=answer.status,
+        shadow_output=answer.output,
+        shadow_ttft_s=answer.ttft_s,
+        shadow_e2e_s=answer.e2e_s,
+        shadow_error=answer.error,
+        tenant=job.tenant,
+    )
+
+
+class ShadowMirror:
+    """A bounded queue drained by ``concurrency`` workers."""
+
+    def __init__(self, send: Send, write: Write, *, capacity: int = 256, concurrency: int = 4) -> None:
+        self._send, self._write = send, write
+        self._queue: asyncio.Queue[MirrorJob] = asyncio.Queue(maxsize=capacity)
+        self._concurrency = concurrency
+        self._workers: list[asyncio.Task[None]] = []
+        self.counters = MirrorCounters()
+
+    def start(self) -> None:
+        """Start the workers on the running loop."""
+        self._workers = [asyncio.create_task(self._work()) for _ in range(self._concurrency)]
+
+    def offer(self, job: MirrorJob) -> bool:
+        """Queue a copy; False (and counted as dropped) when the queue is full."""
+        self.counters.offered += 1
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self.counters.dropped += 1
+            return False
+        return True
+
+    async def drain(self) -> None:
+        """Wait until every queued copy has been sent (used at shutdown and in tests)."""
+        await self._queue.join()
+
+    async def stop(self) -> None:
+        """Cancel the workers; queued copies are abandoned."""
+        for worker in self._workers:
+            worker.cancel()
+        for worker in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+
+    async def _work(self) -> None:
+        while True:
+            job = await self._queue.get()
+            try:
+                answer = await self._send(job)
+            except Exception as error:  # a shadow failure must never reach serving
+                answer = ShadowAnswer(None, None, None, None, error=f"{type(error).__name__}: {error}")
+            finally:
+                self._queue.task_done()
+            self.counters.sent += 1
+            if answer.error:
+                self.counters.failed += 1
+            self._write(pair(job, answer))

@@ -1,0 +1,39 @@
+"""Paired comparison records: the caller's answer from stable and the shadow's answer to the same request."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class PairedRecord:
+    """One mirrored request: both outputs and latencies, for the shadow-stage quality and SLO gates."""
+
+    request_id: str
+    route: str
+    generation: int
+    path: str
+    stable_revision: str
+    shadow_revision: str
+    stable_status: int
+    stable_output: str | None
+    stable_ttft_s: float | None
+    stable_e2e_s: float | None
+    shadow_status: int | None
+    shadow_output: str | None
+    shadow_ttft_s: float | None
+    shadow_e2e_s: float | None
+    shadow_error: str = ""
+    tenant: str = ""
+
+    def to_json(self) -> str:
+        """One JSON line (no trailing newline)."""
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> PairedRecord:
+        """Parse one line written by :meth:`to_json`."""
+        data: dict[str, Any] = json.loads(line)
+        return cls(**data)

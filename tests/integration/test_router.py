@@ -1,0 +1,220 @@
+"""The router end to end over real HTTP: `revgate router` in a subprocess, real upstream servers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from evaluation.records import RequestRecord
+from shadow.records import PairedRecord
+from tests.conftest import ROOT
+from tests.integration.router_harness import (
+    RouterProcess,
+    UpstreamFarm,
+    fingerprint,
+    router_process,
+    snapshot,
+    wait_until,
+)
+
+pytestmark = pytest.mark.servers
+
+ROUTE = "chat"
+
+
+@pytest.fixture(scope="module")
+def farm() -> Iterator[UpstreamFarm]:
+    with UpstreamFarm(["a1", "a2", "b1", "s1"]) as upstreams:
+        yield upstreams
+
+
+@pytest.fixture(scope="module")
+def router(farm: UpstreamFarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+    folder = tmp_path_factory.mktemp("router")
+    with router_process(folder, ROUTE, snapshot(ROUTE, 1, [farm["a1"], farm["a2"]])) as process:
+        yield process
+
+
+def stable_a(farm: UpstreamFarm) -> Any:
+    return lambda generation, **kwargs: snapshot(ROUTE, generation, [farm["a1"], farm["a2"]], **kwargs)
+
+
+def complete(router: RouterProcess, **headers: str) -> httpx.Response:
+    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 2}
+    return httpx.post(f"{router.url}/v1/completions", json=body, headers=headers, timeout=10)
+
+
+def records(router: RouterProcess) -> list[RequestRecord]:
+    time.sleep(0.4)  # records are flushed in batches every 0.2 s
+    return [RequestRecord.from_json(line) for line in router.records_lines()]
+
+
+def test_official_openai_client_works_through_the_router(router: RouterProcess, farm: UpstreamFarm) -> None:
+    router.commit(stable_a(farm))
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    completion = client.completions.create(model=ROUTE, prompt="hi", max_tokens=3)
+    assert completion.choices[0].text.startswith(("a1-0", "a2-0"))
+    chat = client.chat.completions.create(model=ROUTE, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert chat.choices[0].message.content and chat.usage and chat.usage.completion_tokens == 3
+    pieces = [chunk.choices[0].delta.content for chunk in client.chat.completions.create(
+        model=ROUTE, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True)]
+    assert len(pieces) == 5 and all(piece and piece.startswith(("a1-", "a2-")) for piece in pieces)
+    streamed = list(client.completions.create(model=ROUTE, prompt="hi", max_tokens=4, stream=True))
+    assert [chunk.choices[0].finish_reason for chunk in streamed][-1] == "length"
+    assert [model.id for model in client.models.list()] in (["a1"], ["a2"])
+
+
+def test_streams_in_flight_finish_on_the_revision_they_started_with(router: RouterProcess, farm: UpstreamFarm) -> None:
+    start = router.commit(stable_a(farm))
+    results: list[tuple[str, str, str]] = []
+    started: list[str] = []
+
+    def stream() -> None:
+        body = {"model": ROUTE, "prompt": "hi", "max_tokens": 12, "stream": True}
+        with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=20,
+                          headers={"x-test-token-delay-ms": "100"}) as response:
+            started.append(response.headers["x-revgate-generation"])
+            text = "".join(response.iter_text())
+            results.append((response.headers["x-revgate-generation"], response.headers["x-revgate-revision"], text))
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(started) == 4)  # every stream is pinned and has tokens still to come
+    swapped = router.commit(lambda generation: snapshot(ROUTE, generation, [farm["b1"]]))
+    after = complete(router)
+    for thread in threads:
+        thread.join(20)
+    assert after.headers["x-revgate-generation"] == str(swapped.generation)
+    assert after.headers["x-revgate-revision"] == fingerprint("b") and "b1-0" in after.text
+    assert len(results) == 4
+    for generation, revision, text in results:
+        assert (generation, revision) == (str(start.generation), fingerprint("a"))
+        assert "a1-11" in text or "a2-11" in text  # the last token arrived, from revision a
+        assert "b1-" not in text and "[DONE]" in text
+
+
+def test_canary_assignment_is_sticky_per_session(router: RouterProcess, farm: UpstreamFarm) -> None:
+    router.commit(stable_a(farm), candidate=[farm["b1"]], weight_ppm=300_000)
+    first = {f"s{index}": complete(router, **{"x-session-id": f"s{index}"}).headers["x-revgate-arm"]
+             for index in range(120)}
+    again = {key: complete(router, **{"x-session-id": key}).headers["x-revgate-arm"] for key in first}
+    assert first == again
+    share = sum(arm == "candidate" for arm in first.values()) / len(first)
+    assert 0.15 < share < 0.45  # 30% +- 3.5 sigma for 120 sessions
+
+
+def test_expired_candidate_lease_reverts_new_requests_to_stable(router: RouterProcess, farm: UpstreamFarm) -> None:
+    router.commit(stable_a(farm), candidate=[farm["b1"]], weight_ppm=1_000_000, lease_s=2)
+    assert complete(router).headers["x-revgate-arm"] == "candidate"
+    time.sleep(2.2)  # no new snapshot: the lease alone reverts traffic
+    response = complete(router)
+    assert response.headers["x-revgate-arm"] == "stable" and "b1" not in response.text
+
+
+def test_shadow_never_reaches_the_caller_and_skips_side_effecting_tools(
+    router: RouterProcess, farm: UpstreamFarm
+) -> None:
+    router.commit(stable_a(farm), shadow=[farm["s1"]], sample_ppm=1_000_000, side_effecting_tools=("send_email",))
+    farm["s1"].seen.clear()
+    plain = {"model": ROUTE, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
+    response = httpx.post(f"{router.url}/v1/chat/completions", json=plain, headers={"x-request-id": "mirror-me"})
+    assert response.status_code == 200 and "s1" not in response.text
+    tools = [{"type": "function", "function": {"name": "send_email", "parameters": {}}}]
+    risky = {**plain, "tools": tools}
+    response = httpx.post(f"{router.url}/v1/chat/completions", json=risky, headers={"x-request-id": "never-mirror"})
+    assert response.status_code == 200 and "s1" not in response.text
+    wait_until(lambda: router.paired.exists() and "mirror-me" in router.paired.read_text())
+    seen_ids = {request["headers"].get("x-request-id") for request in farm["s1"].seen}
+    assert "mirror-me" in seen_ids and "never-mirror" not in seen_ids
+    pair = next(PairedRecord.from_json(line) for line in router.paired.read_text().splitlines()
+                if "mirror-me" in line)
+    assert pair.shadow_output and pair.shadow_output.startswith("s1-0")
+    assert pair.stable_output and pair.stable_output.startswith(("a1-0", "a2-0"))
+    assert pair.shadow_revision == fingerprint("s") and pair.stable_revision == fingerprint("a")
+
+
+def test_corrupt_snapshot_in_the_store_is_ignored_and_the_last_good_one_kept(router: RouterProcess,
+                                                                              farm: UpstreamFarm) -> None:
+    good = router.commit(stable_a(farm))
+    current = router.store.root / ROUTE / "current.json"
+    saved = current.read_bytes()
+    try:
+        current.write_text('{"kind": "RouteSnapshot", "generation": 999, "stable": ')
+        assert router.notify()["result"] == "invalid"
+        response = complete(router)
+        assert response.status_code == 200
+        assert response.headers["x-revgate-generation"] == str(good.generation)
+    finally:
+        current.write_bytes(saved)
+    metrics = httpx.get(f"{router.admin_url}/metrics").text
+    assert 'revgate_router_snapshot_invalid_total{route="chat"}' in metrics
+
+
+def test_retry_before_first_byte_stays_on_the_pinned_revision(router: RouterProcess, farm: UpstreamFarm) -> None:
+    router.commit(stable_a(farm))
+    farm["a1"].fail_next = farm["a2"].fail_next = 1  # whichever replica is tried first refuses once
+    response = complete(router, **{"x-request-id": "retried"})
+    assert response.status_code == 200 and response.headers["x-revgate-revision"] == fingerprint("a")
+    attempts = [record for record in records(router) if record.request_id == "retried"]
+    assert [(record.attempt, record.outcome) for record in attempts] == [(1, "error"), (2, "ok")]
+    assert attempts[0].endpoint != attempts[1].endpoint
+    farm["a1"].fail_next = farm["a2"].fail_next = 0
+
+
+def test_caller_disconnect_cancels_the_upstream_stream(router: RouterProcess, farm: UpstreamFarm) -> None:
+    router.commit(stable_a(farm))
+    before = farm["a1"].cancelled + farm["a2"].cancelled
+    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=20,
+                      headers={"x-test-token-delay-ms": "50", "x-request-id": "walked-away"}) as response:
+        next(response.iter_raw())
+    wait_until(lambda: farm["a1"].cancelled + farm["a2"].cancelled == before + 1)
+    outcome = [record.outcome for record in records(router) if record.request_id == "walked-away"]
+    assert outcome == ["cancelled"]
+
+
+def test_admin_needs_the_token_and_metrics_are_bounded(router: RouterProcess) -> None:
+    assert httpx.post(f"{router.admin_url}/admin/notify").status_code == 401
+    wrong = httpx.post(f"{router.admin_url}/admin/notify", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert httpx.post(f"{router.url}/admin/notify").status_code == 404  # not on the public port
+    complete(router)
+    metrics = httpx.get(f"{router.admin_url}/metrics").text
+    assert "revgate_router_requests_total{" in metrics and "revgate_router_ttft_seconds_bucket{" in metrics
+    assert "request_id" not in metrics and "x-request-id" not in metrics
+
+
+def test_route_set_with_a_stale_generation_is_refused_and_changes_nothing(router: RouterProcess) -> None:
+    current = router.store.read(ROUTE)
+    assert current is not None
+    command = [sys.executable, "-m", "cli.main", "route", "set", "--routes", str(router.store.root), "--route", ROUTE,
+               "--stable", fingerprint("z"), "--stable-endpoints", "http://127.0.0.1:1",
+               "--expect-generation", str(current.generation - 1), "--created-by", "late"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "RouteConflict" in result.stderr and f"generation {current.generation}" in result.stderr
+    assert router.store.read(ROUTE) == current
+    shown = subprocess.run([sys.executable, "-m", "cli.main", "route", "show", "--routes", str(router.store.root),
+                            "--route", ROUTE], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(shown.stdout)["generation"] == current.generation
+    history = subprocess.run([sys.executable, "-m", "cli.main", "route", "history", "--routes",
+                              str(router.store.root), "--route", ROUTE], cwd=ROOT, capture_output=True, text=True,
+                             check=True)
+    assert len(history.stdout.splitlines()) == current.generation
+
+
+def test_unknown_store_path_fails_fast(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "cli.main", "route", "show", "--routes", str(tmp_path), "--route", "nothing"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "RouteNotFound" in result.stderr

@@ -1,0 +1,105 @@
+"""The engine command line and environment: pure functions of the execution config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from manifests.revision import ExecutionConfig
+from serving.engine import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    EngineError,
+    EngineProcess,
+    LoraModule,
+    engine_command,
+    engine_env,
+    free_port,
+)
+
+PY = Path("env/bin/python")
+
+
+def flag(command: list[str], name: str) -> str:
+    """The value after ``name`` in ``command``."""
+    return command[command.index(name) + 1]
+
+
+def test_cpu_command_serves_the_model_on_the_port_with_a_bounded_kv_cache() -> None:
+    execution = ExecutionConfig.build(dtype="float32", max_model_len=128, enforce_eager=True)
+    command = engine_command(Path("zoo/stable"), execution, 8123, "stable-abc", python=PY)
+    assert command[:5] == [str(PY), "-m", "vllm.entrypoints.openai.api_server", "--model", "zoo/stable"]
+    assert flag(command, "--port") == "8123"
+    assert flag(command, "--host") == "127.0.0.1"
+    assert flag(command, "--served-model-name") == "stable-abc"
+    assert flag(command, "--dtype") == "float32"
+    assert flag(command, "--max-model-len") == "128"
+    assert flag(command, "--kv-cache-memory-bytes") == str(DEFAULT_CPU_KV_CACHE_BYTES)
+    assert flag(command, "--distributed-executor-backend") == "uni"
+    assert "--enforce-eager" in command
+    assert "--gpu-memory-utilization" not in command
+    assert "--enable-lora" not in command
+
+
+def test_cpu_command_uses_the_configured_kv_cache_and_batching_limits() -> None:
+    execution = ExecutionConfig.build(kv_cache_bytes=32 << 20, max_num_seqs=8, max_num_batched_tokens=512)
+    command = engine_command(Path("m"), execution, 1, "m", python=PY)
+    assert flag(command, "--kv-cache-memory-bytes") == str(32 << 20)
+    assert flag(command, "--max-num-seqs") == "8"
+    assert flag(command, "--max-num-batched-tokens") == "512"
+    assert "--enforce-eager" not in command
+
+
+def test_gpu_command_has_parallel_layout_and_memory_share_and_no_cpu_settings() -> None:
+    execution = ExecutionConfig.build(tensor_parallel_size=2, gpu_memory_utilization="0.85", dtype="bfloat16")
+    command = engine_command(Path("m"), execution, 9000, "m", device="cuda", python=PY)
+    assert flag(command, "--tensor-parallel-size") == "2"
+    assert flag(command, "--pipeline-parallel-size") == "1"
+    assert flag(command, "--gpu-memory-utilization") == "0.85"
+    assert flag(command, "--dtype") == "bfloat16"
+    assert "--distributed-executor-backend" not in command
+    assert "--kv-cache-memory-bytes" not in command
+
+
+def test_cpu_refuses_tensor_parallelism_with_a_clear_error() -> None:
+    execution = ExecutionConfig.build(tensor_parallel_size=2)
+    with pytest.raises(EngineError, match="not supported on the CPU"):
+        engine_command(Path("m"), execution, 1, "m", python=PY)
+
+
+def test_lora_modules_are_served_by_name_with_the_rank() -> None:
+    execution = ExecutionConfig.build(enable_lora=True, max_lora_rank=8)
+    adapter = LoraModule("stable-lora", Path("zoo/adapter"))
+    command = engine_command(Path("m"), execution, 1, "m", lora_modules=[adapter], python=PY)
+    assert "--enable-lora" in command
+    assert flag(command, "--max-lora-rank") == "8"
+    assert flag(command, "--lora-modules") == "stable-lora=zoo/adapter"
+
+
+def test_lora_modules_without_enable_lora_are_refused() -> None:
+    with pytest.raises(EngineError, match="does not enable LoRA"):
+        engine_command(Path("m"), ExecutionConfig.build(), 1, "m", lora_modules=[LoraModule("a", Path("a"))])
+
+
+def test_cpu_env_selects_the_cpu_backend_offline_in_one_process() -> None:
+    env = engine_env(ExecutionConfig.build(), "cpu", base={"PATH": "/bin"})
+    assert env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["PATH"] == "/bin"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+
+
+def test_gpu_env_drops_cpu_only_settings_and_lora_allows_runtime_updates() -> None:
+    base = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = engine_env(ExecutionConfig.build(enable_lora=True), "cuda", base=base)
+    assert "VLLM_TARGET_DEVICE" not in env
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_wait_before_start_is_a_clear_error(tmp_path: Path) -> None:
+    process = EngineProcess(["true"], {}, free_port(), log_path=tmp_path / "log")
+    with pytest.raises(EngineError, match="not started"):
+        process.wait_healthy(1)

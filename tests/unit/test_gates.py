@@ -1,0 +1,218 @@
+"""Gate policy documents and the joint gates on synthetic records (the far side is simulated traffic)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from evaluation.gates import (
+    AllOf,
+    ErrorRateGate,
+    Evidence,
+    HardConstraintGate,
+    LatencyGate,
+    QualityGate,
+    SampleRatioGate,
+    SloGate,
+    attained,
+    gates_from_policy,
+    judge,
+)
+from evaluation.records import RequestRecord
+from manifests.errors import ManifestInvalid
+from manifests.gates import GatePolicy, GateReport, SloTarget
+
+SLICES = ("add", "rev", "sort")
+
+
+def arm(name: str, n: int, quality: Mapping[str, float], *, seed: int, latency_s: float = 0.1,
+        error_rate: float = 0.0, outcome_of: str = "ok") -> tuple[tuple[RequestRecord, ...], dict[str, float]]:
+    """``n`` records round-robin over slices, arrivals 10 ms apart, lognormal latency, Bernoulli scores."""
+    rng = np.random.default_rng(seed)
+    records, scores = [], {}
+    for i in range(n):
+        family = SLICES[i % len(SLICES)]
+        arrival = i * 0.01
+        failed = rng.random() < error_rate
+        ttft = latency_s * float(rng.lognormal(0.0, 0.3))
+        record = RequestRecord(
+            request_id=f"{name}-{i}", revision=f"rev-{name}", arm="stable" if name == "s" else "candidate",
+            arrival_s=arrival, outcome="error" if failed else outcome_of, slices={"family": family},
+            first_token_s=None if failed else arrival + ttft, last_token_s=None if failed else arrival + 2 * ttft,
+            prompt_tokens=8, output_tokens=None if failed else 4,
+        )
+        records.append(record)
+        scores[record.request_id] = float(rng.random() < quality[family])
+    return tuple(records), scores
+
+
+def policy(**overrides: object) -> GatePolicy:
+    fields: dict[str, object] = {"slice_keys": ["family"], "max_samples_per_stage": 600, "look_every": 100,
+                                 "min_samples_per_slice": 50}
+    return GatePolicy.build(**(fields | overrides))
+
+
+def evidence(stable_q: Mapping[str, float], cand_q: Mapping[str, float], n: int = 1800, **kwargs: object) -> Evidence:
+    stable, s_scores = arm("s", n, stable_q, seed=1)
+    cand_kwargs = {k: v for k, v in kwargs.items() if k in {"latency_s", "error_rate", "outcome_of"}}
+    candidate, c_scores = arm("c", n, cand_q, seed=2, **cand_kwargs)  # type: ignore[arg-type]
+    return Evidence(stable, candidate, s_scores, c_scores, final=bool(kwargs.get("final", False)))
+
+
+EVEN = {"add": 0.9, "rev": 0.9, "sort": 0.9}
+
+
+# --- documents -----------------------------------------------------------------------------------
+
+
+def test_policy_round_trips_through_canonical_json_with_a_stable_digest() -> None:
+    p = policy(alpha="0.050", slo=[{"e2e_ms": 500, "attainment": "0.95"}])
+    again = GatePolicy.from_json(p.canonical())
+    assert again == p and again.digest == p.digest
+    assert b'"alpha":"0.05"' in p.canonical()  # "0.050" and "0.05" are one identity
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"alpha": "1.5"}, "alpha"),
+        ({"alpha": 0.05}, "alpha"),  # a float is refused: fractions are decimal strings
+        ({"look_every": 5000}, "look_every"),
+        ({"slo": [{"attainment": "0.9"}]}, "at least one"),
+        ({"slo": [{"e2e_ms": 10, "attainment": "0.9", "request_class": "long"}]}, "request_class"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_policy_is_refused_with_the_field_named(fields: dict[str, object], named: str) -> None:
+    with pytest.raises(ManifestInvalid, match=named):
+        GatePolicy.build(**fields)
+
+
+def test_report_round_trips_and_refuses_a_bad_digest() -> None:
+    p = policy()
+    report = judge(gates_from_policy(p), p, evidence(EVEN, EVEN))
+    assert GateReport.from_json(report.canonical()) == report
+    with pytest.raises(ManifestInvalid, match="evidence_digest"):
+        GateReport.build(**(report.model_dump(mode="json") | {"evidence_digest": "sha256:abc"}))
+
+
+# --- quality -----------------------------------------------------------------------------------
+
+
+def test_quality_catches_one_regressed_slice_that_the_average_hides() -> None:
+    candidate = {"add": 0.98, "rev": 0.7, "sort": 0.98}  # average 0.887 vs 0.9: within a 2-point margin
+    ev = evidence(EVEN, candidate)
+    assert np.mean(list(ev.candidate_scores.values())) > np.mean(list(ev.stable_scores.values())) - 0.03
+    result = QualityGate(policy()).evaluate(ev)
+    assert result.outcome == "fail"
+    by_slice = {s.slice: s.outcome for s in result.slices}
+    assert by_slice["family=rev"] == "fail"
+    assert by_slice["family=add"] == "pass"
+
+
+def test_quality_passes_an_improved_candidate() -> None:
+    result = QualityGate(policy(quality_margin="0.05")).evaluate(evidence(EVEN, {"add": 0.97, "rev": 0.95, "sort": 0.96}))
+    assert result.outcome == "pass", result
+
+
+def test_small_slices_are_inconclusive_never_pass() -> None:
+    result = QualityGate(policy(min_samples_per_slice=300)).evaluate(evidence(EVEN, {"add": 1.0, "rev": 1.0, "sort": 1.0}, n=600))
+    assert {s.outcome for s in result.slices} == {"inconclusive"}
+    assert result.outcome == "inconclusive"
+
+
+def test_missing_critical_slice_fails_at_the_end_of_the_stage_only() -> None:
+    p = policy(critical_slices=["family=mul"], quality_margin="0.05")
+    better = {"add": 0.97, "rev": 0.97, "sort": 0.97}
+    assert QualityGate(p).evaluate(evidence(EVEN, better)).outcome == "inconclusive"
+    final = QualityGate(p).evaluate(evidence(EVEN, better, final=True))
+    assert final.outcome == "fail" and "family=mul" in final.reason
+
+
+def test_looking_more_often_does_not_change_a_decision() -> None:
+    # The decision depends only on the planned looks: evaluating every prefix agrees with the full run
+    # wherever the prefix already contains the deciding look.
+    ev = evidence(EVEN, {"add": 0.9, "rev": 0.75, "sort": 0.9})
+    gate = QualityGate(policy())
+    full = {s.slice: s for s in gate.evaluate(ev).slices}["family=rev"]
+    assert full.outcome == "fail"
+    decided_at = int(full.numbers["look_samples"])
+    for cut in range(3 * decided_at, len(ev.candidate) + 1, 150):
+        partial = Evidence(ev.stable[:cut], ev.candidate[:cut], ev.stable_scores, ev.candidate_scores)
+        assert {s.slice: s for s in gate.evaluate(partial).slices}["family=rev"].numbers["look_samples"] == str(decided_at)
+
+
+# --- errors, latency, SLO, split, hard constraints ---------------------------------------------------
+
+
+def test_error_rate_increase_fails_and_equal_rates_pass() -> None:
+    assert ErrorRateGate(policy()).evaluate(evidence(EVEN, EVEN, error_rate=0.08)).outcome == "fail"
+    assert ErrorRateGate(policy()).evaluate(evidence(EVEN, EVEN)).outcome == "pass"
+
+
+def test_latency_regression_on_log_latency() -> None:
+    slow = LatencyGate(policy(), "ttft", 0.025).evaluate(evidence(EVEN, EVEN, latency_s=0.13))
+    assert slow.outcome == "fail" and float(slow.numbers["ratio"]) > 1.2
+    assert LatencyGate(policy(), "e2e", 0.025).evaluate(evidence(EVEN, EVEN)).outcome == "pass"
+
+
+def test_slo_attainment_pass_fail_and_rejections_reported_apart() -> None:
+    target = SloTarget.build(ttft_ms=200, attainment="0.9")
+    assert SloGate(policy(), target, 0.05).evaluate(evidence(EVEN, EVEN)).outcome == "pass"
+    slow = SloGate(policy(), target, 0.05).evaluate(evidence(EVEN, EVEN, latency_s=0.2))
+    assert slow.outcome == "fail"
+    rejected = SloGate(policy(), target, 0.05).evaluate(evidence(EVEN, EVEN, outcome_of="rejected"))
+    assert rejected.numbers["admitted"] == "0" and rejected.numbers["rejected"] == "1800"
+    assert rejected.outcome == "inconclusive"
+
+
+def test_errors_never_attain_an_slo_and_one_token_answers_have_no_tpot() -> None:
+    target = SloTarget.build(tpot_ms=5, e2e_ms=1000, attainment="0.9")
+    one_token = RequestRecord("r", "x", "candidate", 0.0, "ok", first_token_s=0.1, last_token_s=0.1, output_tokens=1)
+    failed = RequestRecord("e", "x", "candidate", 0.0, "error")
+    assert attained(one_token, target) and not attained(failed, target)
+
+
+def test_sample_ratio_mismatch_fails_a_skewed_split() -> None:
+    ev = evidence(EVEN, EVEN, n=900)
+    assert SampleRatioGate(policy(), 0.5).evaluate(ev).outcome == "pass"
+    assert SampleRatioGate(policy(), 0.1).evaluate(ev).outcome == "fail"
+
+
+def test_hard_constraint_with_unknown_evidence_fails() -> None:
+    p = policy(hard_constraints=[{"metric": "ttft_p99_ms", "maximum": "1000"}, {"metric": "error_rate", "maximum": "0"}])
+    assert HardConstraintGate(p).evaluate(evidence(EVEN, EVEN)).outcome == "pass"
+    empty = Evidence((), ())
+    result = HardConstraintGate(p).evaluate(empty)
+    assert result.outcome == "fail" and "unknown" in result.reason
+
+
+# --- joint report -------------------------------------------------------------------------------
+
+
+def test_joint_report_fails_on_any_gate_and_binds_the_evidence() -> None:
+    p = policy(slo=[{"ttft_ms": 200, "attainment": "0.9"}], quality_margin="0.05")
+    gate = gates_from_policy(p)
+    good = evidence(EVEN, EVEN)
+    slow = evidence(EVEN, EVEN, latency_s=0.2)
+    assert judge(gate, p, good).outcome == "pass"
+    report = judge(gate, p, slow)
+    assert report.outcome == "fail" and {g.gate for g in report.failed()} >= {"slo-*", "latency-ttft"}
+    assert report.evidence_digest != judge(gate, p, good).evidence_digest
+    assert report.candidate.requests == 1800 and report.candidate.output_tokens == 1800 * 4
+
+
+def test_inconclusive_at_the_end_follows_the_policy() -> None:
+    p = policy(min_samples_per_slice=500, on_inconclusive="fail")
+    ev = evidence(EVEN, EVEN, n=600, final=True)
+    assert judge(gates_from_policy(p), p, ev).outcome == "fail"
+    ev_open = evidence(EVEN, EVEN, n=600)
+    assert judge(gates_from_policy(p), p, ev_open).outcome == "inconclusive"
+
+
+def test_all_of_needs_every_member() -> None:
+    ev = evidence(EVEN, EVEN, error_rate=0.08)
+    combined = AllOf((QualityGate(policy(quality_margin="0.1")), ErrorRateGate(policy()))).evaluate(ev)
+    assert combined.outcome == "fail" and combined.numbers["errors"] == "fail"

@@ -1,0 +1,153 @@
+"""The rollout state machine, route-change planning and rollback planning (pure logic)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from manifests import ManifestInvalid
+from manifests.rollout import Analyze, Approve, Bake, RolloutPlan, SetWeight, Shadow, default_plan
+from manifests.route import RevisionTarget, RouteSnapshot
+from promotion.machine import (
+    Abort,
+    ApprovalGiven,
+    GateDecided,
+    RolloutState,
+    StepApplied,
+    TransitionRefused,
+    advance,
+    current_step,
+    resume,
+    start,
+)
+from promotion.routes import desired_route, renew_leases
+from rollback.plan import NothingToRollBack, last_known_good, rollback_snapshot
+
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
+CANDIDATE = RevisionTarget(fingerprint="sha256:" + "2" * 64, endpoints=("http://127.0.0.1:8002",))
+
+
+def route(**changes: object) -> RouteSnapshot:
+    fields: dict[str, object] = {
+        "route": "chat",
+        "generation": 1,
+        "stable": STABLE,
+        "created_by": "test",
+        "created_at": NOW,
+    }
+    fields.update(changes)
+    return RouteSnapshot.build(**fields)
+
+
+def plan(on_inconclusive: str = "pause") -> RolloutPlan:
+    steps = [Shadow(sample_ppm=100_000), Analyze(max_samples=100), Approve(), SetWeight(weight_ppm=50_000)]
+    steps += [Bake(seconds=10), Analyze(max_samples=100)]
+    return RolloutPlan.build(steps=steps, on_inconclusive=on_inconclusive)
+
+
+def run_to_approval(p: RolloutPlan) -> RolloutState:
+    state = advance(p, start(p), StepApplied())
+    return advance(p, state, GateDecided("pass", report_digest="sha256:" + "a" * 64))
+
+
+def test_plan_round_trips_and_refuses_falling_weights() -> None:
+    assert RolloutPlan.from_json(default_plan().canonical()) == default_plan()
+    with pytest.raises(ManifestInvalid, match="strictly increase"):
+        RolloutPlan.build(steps=[SetWeight(weight_ppm=50_000), SetWeight(weight_ppm=10_000)])
+
+
+def test_a_passing_rollout_walks_every_step_and_promotes() -> None:
+    p = plan()
+    state = start(p)
+    assert state.shadow_ppm == 100_000 and state.weight_ppm == 0
+    state = run_to_approval(p)
+    assert state.status == "awaiting_approval"
+    state = advance(p, state, ApprovalGiven(True, evidence_digest="sha256:" + "a" * 64, by="rm"))
+    assert (state.weight_ppm, state.shadow_ppm) == (50_000, 0)
+    state = advance(p, advance(p, state, StepApplied()), StepApplied())
+    assert isinstance(current_step(p, state), Analyze)
+    state = advance(p, state, GateDecided("pass", report_digest="sha256:" + "b" * 64))
+    assert state.status == "promoted"
+
+
+def test_a_failed_gate_rolls_back_at_once() -> None:
+    p = plan()
+    state = advance(p, start(p), StepApplied())
+    state = advance(p, state, GateDecided("fail", report_digest="sha256:" + "c" * 64, reason="add/long worse"))
+    assert (state.status, state.weight_ppm, state.shadow_ppm) == ("rolled_back", 0, 0)
+    assert "add/long" in state.reason
+    assert advance(p, state, StepApplied()) == state  # terminal states absorb events
+
+
+def test_inconclusive_keeps_collecting_then_pauses_or_fails_by_policy() -> None:
+    for policy, expected in (("pause", "paused"), ("fail", "rolled_back")):
+        p = plan(policy)
+        state = advance(p, start(p), StepApplied())
+        held = advance(p, state, GateDecided("inconclusive", report_digest="sha256:" + "d" * 64))
+        assert held.status == "running" and held.step_index == state.step_index
+        limit = GateDecided("inconclusive", report_digest="sha256:" + "d" * 64, at_limit=True)
+        assert advance(p, held, limit).status == expected
+    paused = advance(plan("pause"), held, limit)
+    assert resume(plan("pause"), paused, proceed=False, by="rm").status == "rolled_back"
+    assert resume(plan("pause"), paused, proceed=True).status == "awaiting_approval"
+
+
+def test_approval_binds_to_the_evidence_it_was_shown() -> None:
+    p = plan()
+    state = run_to_approval(p)
+    with pytest.raises(TransitionRefused, match="evidence"):
+        advance(p, state, ApprovalGiven(True, evidence_digest="sha256:" + "f" * 64))
+    assert advance(p, state, ApprovalGiven(False, evidence_digest="", by="rm")).status == "rolled_back"
+
+
+def test_events_that_do_not_fit_the_step_are_refused() -> None:
+    p = plan()
+    with pytest.raises(TransitionRefused):
+        advance(p, start(p), GateDecided("pass", report_digest=""))
+    assert advance(p, start(p), Abort("operator")).status == "rolled_back"
+
+
+def test_desired_route_follows_the_state_and_writes_nothing_when_unchanged() -> None:
+    p = plan()
+    shadowing = desired_route(route(), start(p), CANDIDATE, lease_seconds=60, by="flow", now=NOW)
+    assert shadowing is not None and shadowing.generation == 2
+    assert shadowing.shadow is not None and shadowing.shadow.sample_ppm == 100_000
+    assert shadowing.shadow.lease_expires_at == NOW + timedelta(seconds=60)
+    assert desired_route(shadowing, start(p), CANDIDATE, lease_seconds=60, by="flow", now=NOW) is None
+    promoted = RolloutState(status="promoted")
+    final = desired_route(shadowing, promoted, CANDIDATE, lease_seconds=60, by="flow", now=NOW)
+    assert final is not None and final.stable.fingerprint == CANDIDATE.fingerprint
+    assert final.candidate is None and final.shadow is None and final.generation == 3
+
+
+def test_renewing_leases_keeps_traffic_and_moves_expiry() -> None:
+    canary_route = desired_route(route(), RolloutState(weight_ppm=10_000), CANDIDATE, lease_seconds=60, by="f", now=NOW)
+    assert canary_route is not None
+    later = NOW + timedelta(seconds=30)
+    renewed = renew_leases(canary_route, lease_seconds=60, by="f", now=later)
+    assert renewed.candidate is not None and renewed.candidate.weight_ppm == 10_000
+    assert renewed.candidate.lease_expires_at == later + timedelta(seconds=60)
+
+
+def test_rollback_aborts_a_canary_first_then_reverts_a_promotion() -> None:
+    first = route()
+    canary_route = desired_route(first, RolloutState(weight_ppm=10_000), CANDIDATE, lease_seconds=60, by="f", now=NOW)
+    assert canary_route is not None
+    aborted = rollback_snapshot([first, canary_route], by="ops", now=NOW)
+    assert aborted.candidate is None and aborted.stable == STABLE and aborted.generation == 3
+    done = RolloutState(status="promoted")
+    promoted = desired_route(canary_route, done, CANDIDATE, lease_seconds=60, by="f", now=NOW)
+    assert promoted is not None
+    history = [first, canary_route, promoted]
+    assert last_known_good(history) == canary_route
+    reverted = rollback_snapshot(history, by="ops", now=NOW)
+    assert reverted.stable.fingerprint == STABLE.fingerprint and reverted.generation == promoted.generation + 1
+
+
+def test_rollback_with_nothing_earlier_says_so() -> None:
+    with pytest.raises(NothingToRollBack, match="only ever served one revision"):
+        rollback_snapshot([route()], by="ops", now=NOW)
+    with pytest.raises(NothingToRollBack, match="no snapshots"):
+        rollback_snapshot([], by="ops", now=NOW)

@@ -1,0 +1,46 @@
+"""Reading usage and output text from OpenAI-shaped bodies; metrics text format."""
+
+from __future__ import annotations
+
+from serving.router_metrics import RouterMetrics
+from serving.router_parse import output_text, rewrite_model, usage_of
+
+BODY = (b'{"id":"x","choices":[{"index":0,"text":"hello","finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}')
+STREAM = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+          b'data: {"choices":[{"index":0,"delta":{"content":"he"},"finish_reason":null}]}\n\n'
+          b'data: {"choices":[{"index":0,"delta":{"content":"llo"},"finish_reason":"length"}]}\n\n'
+          b"data: [DONE]\n\n")
+
+
+def test_usage_from_a_response_and_a_stream() -> None:
+    usage = usage_of(BODY, streamed=False)
+    assert (usage.prompt_tokens, usage.output_tokens, usage.finish_reason) == (5, 2, "stop")
+    streamed = usage_of(STREAM, streamed=True)
+    assert (streamed.output_tokens, streamed.finish_reason) == (2, "length")
+
+
+def test_output_text_joins_stream_deltas() -> None:
+    assert output_text(BODY, streamed=False) == "hello"
+    assert output_text(STREAM, streamed=True) == "hello"
+    assert output_text(b"not json", streamed=False) is None
+
+
+def test_model_rewrite_touches_only_the_top_level_model() -> None:
+    body = b'{"model":"chat","messages":[{"role":"user","content":"{\\"model\\":\\"x\\"}"}]}'
+    rewritten = rewrite_model(body, "rev-abc")
+    assert rewritten.startswith(b'{"model":"rev-abc"')
+    assert b'\\"model\\":\\"x\\"' in rewritten
+
+
+def test_metrics_render_prometheus_text_with_bounded_labels() -> None:
+    metrics = RouterMetrics()
+    labels = (("route", "chat"), ("revision", "abc"))
+    metrics.requests[(*labels, ("arm", "stable"), ("outcome", "ok"))] += 2
+    metrics.ttft.observe(labels, 0.003)
+    metrics.ttft.observe(labels, 0.2)
+    text = metrics.render().decode()
+    assert 'revgate_router_requests_total{route="chat",revision="abc",arm="stable",outcome="ok"} 2' in text
+    assert 'revgate_router_ttft_seconds_bucket{route="chat",revision="abc",le="0.005"} 1' in text
+    assert 'revgate_router_ttft_seconds_bucket{route="chat",revision="abc",le="+Inf"} 2' in text
+    assert 'revgate_router_ttft_seconds_count{route="chat",revision="abc"} 2' in text

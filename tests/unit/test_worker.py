@@ -1,0 +1,268 @@
+"""Worker agent logic without servers: lifecycle, warm profile, admission and drain, proxy framing,
+auth, capacity report, and the engine command a CPU or GPU worker builds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from manifests import ArtifactManifest, ExecutionConfig, InterfacePolicy, ManifestInvalid, RuntimeEnvironment
+from manifests.revision import ServiceRevision
+from manifests.worker import WarmProfile
+from serving.worker_agent import WorkerAgent, served_model_name
+from serving.worker_auth import TokenFileInvalid, authorized, load_token, write_token
+from serving.worker_drain import Admission
+from serving.worker_proxy import (
+    REVISION_HEADER,
+    BadRequest,
+    refusal_response,
+    tagged_response_head,
+    upstream_request,
+)
+from serving.worker_report import capacity_report
+from serving.worker_request import ReplicaRequest
+from serving.worker_state import (
+    TERMINAL,
+    TRANSITIONS,
+    Capacity,
+    IllegalTransition,
+    Replica,
+    ReplicaState,
+)
+from serving.worker_warm import WarmResult, WarmupFailed, capacity_of, check_results, parse_response, warm_prompt
+
+S = ReplicaState
+
+
+def revision(execution: ExecutionConfig | None = None) -> ServiceRevision:
+    return ServiceRevision.build(
+        name="tiny",
+        artifact=ArtifactManifest.build(
+            entries=[{"path": "config.json", "size": 3, "sha256": "b" * 64, "role": "config"}]
+        ),
+        runtime=RuntimeEnvironment.build(
+            engine_distribution="vllm", engine_version="0.32.0", torch_version="2.13.0",
+            device="cuda", lock_digest="sha256:" + "c" * 64,
+        ),
+        execution=execution or ExecutionConfig(),
+        interface=InterfacePolicy(),
+    )
+
+
+# ----- lifecycle
+
+
+def test_the_happy_path_and_drain_are_allowed_in_order() -> None:
+    replica = Replica("r-1", "sha256:" + "0" * 64, "tiny@000000000000")
+    for target in (S.LOADING, S.WARMING, S.READY, S.DRAINING, S.TERMINATED):
+        replica = replica.moved_to(target)
+    assert replica.state is S.TERMINATED
+
+
+def test_readiness_cannot_skip_warm_up_and_terminal_states_are_final() -> None:
+    loading = Replica("r-1", "rev", "m").moved_to(S.LOADING)
+    with pytest.raises(IllegalTransition, match="from loading to ready") as caught:
+        loading.moved_to(S.READY)
+    assert "warming" in caught.value.fix
+    assert loading.state is S.LOADING  # nothing changed
+    assert {S.TERMINATED, S.FAILED} == TERMINAL
+    for state in TERMINAL:
+        with pytest.raises(IllegalTransition, match="terminal"):
+            Replica("r", "rev", "m", state=state).moved_to(S.LOADING)
+
+
+def test_every_live_state_can_fail_and_only_ready_is_ready() -> None:
+    for state, targets in TRANSITIONS.items():
+        if state not in TERMINAL and state is not S.CREATED:
+            assert S.FAILED in targets
+        assert Replica("r", "rev", "m", state=state).is_ready == (state is S.READY)
+
+
+# ----- warm profile
+
+
+def test_warm_profile_cycles_shapes_and_refuses_what_does_not_fit() -> None:
+    profile = WarmProfile.build(prompt_lengths=[4, 64], max_tokens=8, request_count=5)
+    assert profile.request_lengths() == (4, 64, 4, 64, 4)
+    profile.check_fits(72)
+    with pytest.raises(ManifestInvalid, match="72 tokens exceeds max_model_len 64"):
+        profile.check_fits(64)
+    with pytest.raises(ManifestInvalid, match="some shapes never run"):
+        WarmProfile.build(prompt_lengths=[1, 2, 3], request_count=2)
+    with pytest.raises(ManifestInvalid, match="prompt_lengths"):
+        WarmProfile.build(prompt_lengths=[])
+
+
+def test_warm_prompts_have_the_exact_length_and_stay_in_the_vocabulary() -> None:
+    for vocab in (259, 32_000, 128_256):
+        prompt = warm_prompt(100, vocab, seed=3)
+        assert len(prompt) == 100
+        assert all(vocab // 4 <= token < vocab // 2 for token in prompt)
+
+
+def test_warm_up_fails_on_any_failed_request_and_measures_capacity() -> None:
+    ok = [WarmResult(200, 16)] * 3
+    assert capacity_of(ok, 2.0, 4) == Capacity(1.5, 24.0, 4)
+    with pytest.raises(WarmupFailed, match="1 of 4 warm-up requests failed; first: status 400, too long"):
+        check_results([*ok, WarmResult(400, 0, "too long")], "r-1")
+
+
+def test_response_parsing_decodes_chunked_bodies() -> None:
+    raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n"
+    assert parse_response(raw) == (200, b'{"a":1}')
+    assert parse_response(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}") == (503, b"{}")
+
+
+# ----- admission and drain
+
+
+def test_drain_lets_in_flight_requests_finish_refuses_new_and_cancels_late_ones() -> None:
+    async def scenario() -> None:
+        admission = Admission("r-1")
+        assert admission.refusal() is not None  # not ready: nothing admitted
+        admission.open()
+        assert admission.refusal() is None
+
+        async def request(seconds: float) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            admission.enter(task)  # type: ignore[arg-type]
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                admission.leave(task)  # type: ignore[arg-type]
+
+        quick = [asyncio.create_task(request(0.05)) for _ in range(3)]
+        slow = asyncio.create_task(request(30))
+        await asyncio.sleep(0.01)
+        assert admission.in_flight == 4
+        outcome = await admission.drain(0.5, "replica r-1 is draining")
+        refusal = admission.refusal()
+        assert refusal is not None and "draining" in refusal.reason
+        assert (outcome.completed, outcome.cancelled) == (3, 1)
+        assert "grace period of 0.5 s ended" in outcome.cancel_reason
+        assert all(task.done() and not task.cancelled() for task in quick)
+        assert slow.cancelled()
+        assert admission.in_flight == 0
+        assert outcome.waited_s < 5
+
+    asyncio.run(scenario())
+
+
+def test_drain_with_nothing_in_flight_returns_at_once() -> None:
+    admission = Admission("r-2")
+    admission.open()
+    outcome = asyncio.run(admission.drain(30, "draining"))
+    assert (outcome.completed, outcome.cancelled, outcome.cancel_reason) == (0, 0, "")
+    assert outcome.waited_s < 1
+
+
+# ----- proxy framing
+
+
+def test_upstream_request_replaces_hop_by_hop_headers() -> None:
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n"
+    request, length = upstream_request(head, b"{}")
+    assert length == 2
+    text = request.decode()
+    assert text.startswith("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n")
+    assert "keep-alive" not in text and text.endswith("Connection: close\r\n\r\n{}")
+    with pytest.raises(BadRequest, match="chunked"):
+        upstream_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"")
+    with pytest.raises(BadRequest, match="malformed request line"):
+        upstream_request(b"garbage\r\n\r\n", b"")
+
+
+def test_responses_carry_the_revision_and_refusals_a_retry_signal() -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: keep-alive\r\n\r\n"
+    tagged = tagged_response_head(head, "sha256:abc", "r-1").decode()
+    assert f"{REVISION_HEADER}: sha256:abc\r\n" in tagged and "keep-alive" not in tagged
+    assert tagged.endswith("connection: close\r\n\r\n")
+    admission = Admission("r-1")
+    admission.close("replica r-1 is draining; retry on another replica")
+    refusal = admission.refusal()
+    assert refusal is not None
+    raw = refusal_response(refusal, "sha256:abc")
+    status, body = parse_response(raw)
+    assert status == 503 and b"retry-after: 1\r\n" in raw
+    assert json.loads(body)["error"]["message"] == "replica r-1 is draining; retry on another replica"
+
+
+# ----- auth
+
+
+def test_token_is_compared_exactly_and_token_files_must_be_private(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    write_token(path, "s3cret-token-0123456789")
+    token = load_token(path)
+    assert authorized("Bearer s3cret-token-0123456789", token)
+    for wrong in (None, "", "s3cret-token-0123456789", "Bearer s3cret-token-012345678", "Basic x"):
+        assert not authorized(wrong, token)
+    path.chmod(0o644)
+    with pytest.raises(TokenFileInvalid, match="readable by other users"):
+        load_token(path)
+    write_token(tmp_path / "short", "abc")
+    with pytest.raises(TokenFileInvalid, match="shorter than 16"):
+        load_token(tmp_path / "short")
+    with pytest.raises(TokenFileInvalid, match="cannot read"):
+        load_token(tmp_path / "missing")
+
+
+# ----- capacity
+
+
+def test_capacity_counts_only_ready_replicas_and_lists_the_rest() -> None:
+    ready = Capacity(10.0, 160.0, 4)
+    replicas = [
+        Replica("a-1", "rev-a", "m", state=S.READY, capacity=ready),
+        Replica("a-2", "rev-a", "m", state=S.READY, capacity=Capacity(5.0, 80.0, 4)),
+        Replica("a-3", "rev-a", "m", state=S.WARMING),
+        Replica("a-4", "rev-a", "m", state=S.DRAINING, capacity=ready),
+        Replica("b-1", "rev-b", "m", state=S.LOADING),
+        Replica("b-2", "rev-b", "m", state=S.FAILED),
+        Replica("c-1", "rev-c", "m", state=S.TERMINATED, capacity=ready),
+    ]
+    report = capacity_report(replicas)["revisions"]
+    assert set(report) == {"rev-a", "rev-b"}
+    assert report["rev-a"]["ready_replicas"] == 2
+    assert report["rev-a"]["requests_per_s"] == 15.0
+    assert report["rev-a"]["output_tokens_per_s"] == 240.0
+    assert (report["rev-a"]["warming"], report["rev-a"]["draining"]) == (["a-3"], ["a-4"])
+    assert report["rev-b"]["ready_replicas"] == 0 and report["rev-b"]["loading"] == ["b-1"]
+
+
+# ----- served name and engine command
+
+
+def test_served_model_name_carries_the_revision_fingerprint() -> None:
+    request = ReplicaRequest.build(revision=revision(), store="/tmp/store", signature_policy={})
+    assert served_model_name(request) == f"tiny@{request.revision.short}"
+    assert request.manifest_digest == request.revision.artifact.digest
+
+
+def test_a_gpu_worker_starts_gpu_vllm_with_the_execution_settings(tmp_path: Path) -> None:
+    execution = ExecutionConfig.build(
+        tensor_parallel_size=2, gpu_memory_utilization=Decimal("0.85"), max_model_len=4096, dtype="bfloat16"
+    )
+    request = ReplicaRequest.build(revision=revision(execution), store="s3://b/p", signature_policy={})
+    agent = WorkerAgent(tmp_path, device="cuda", engine_python=Path("/opt/gpu-engine/bin/python"))
+    engine = agent.engine_for(request, tmp_path / "model", tmp_path / "log")
+    command = engine.command
+
+    def flag(name: str) -> str:
+        return command[command.index(name) + 1]
+
+    assert command[:3] == ["/opt/gpu-engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert (flag("--tensor-parallel-size"), flag("--gpu-memory-utilization")) == ("2", "0.85")
+    assert flag("--dtype") == "bfloat16"
+    assert flag("--max-model-len") == "4096" and flag("--port") == str(engine.port)
+    assert flag("--served-model-name") == f"tiny@{request.revision.short}"
+    assert "--distributed-executor-backend" not in command  # the CPU-only single-process setting
+    assert "VLLM_TARGET_DEVICE" not in engine.env
+    cpu_request = ReplicaRequest.build(revision=revision(), store="s", signature_policy={})
+    cpu = WorkerAgent(tmp_path, device="cpu").engine_for(cpu_request, tmp_path / "model", tmp_path / "log")
+    assert cpu.env["VLLM_TARGET_DEVICE"] == "cpu" and "--kv-cache-memory-bytes" in cpu.command
