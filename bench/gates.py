@@ -29,7 +29,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation import sequential  # noqa: E402
+from evaluation import sequential
 
 ALPHA = 0.05
 HORIZON = 2000
@@ -41,24 +41,31 @@ LATENCY_SIGMA = 0.5  # standard deviation of log latency within one request clas
 SEED = 20261129
 
 
-def cumulative_successes(rng: np.random.Generator, sims: int, slices: int, p: NDArray[np.float64]) -> NDArray[np.float64]:
+def cumulative_successes(
+    rng: np.random.Generator, sims: int, slices: int, p: NDArray[np.float64]
+) -> NDArray[np.float64]:
     """Successes at each look, shape (sims, slices, looks)."""
     looks = HORIZON // BATCH
     return np.cumsum(rng.binomial(BATCH, p[None, :, None], size=(sims, slices, looks)), axis=-1).astype(float)
 
 
-def proportion_gap(s_stable: NDArray[np.float64], s_cand: NDArray[np.float64], n: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def proportion_gap(
+    s_stable: NDArray[np.float64], s_cand: NDArray[np.float64], n: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Vectorised twin of evaluation.gates.proportion_gap (Agresti-Caffo)."""
     m_s, m_c = (s_stable + 1) / (n + 2), (s_cand + 1) / (n + 2)
     return m_s - m_c, np.sqrt(m_s * (1 - m_s) / (n + 2) + m_c * (1 - m_c) / (n + 2))
 
 
-def quality_decisions(rng: np.random.Generator, sims: int, p_stable: NDArray[np.float64], p_cand: NDArray[np.float64]) -> dict[str, NDArray[np.bool_]]:
+def quality_decisions(
+    rng: np.random.Generator, sims: int, p_stable: NDArray[np.float64], p_cand: NDArray[np.float64]
+) -> dict[str, NDArray[np.bool_]]:
     """For each system, whether any slice was declared worse; shape (sims,)."""
     slices = p_stable.size
     n = np.arange(1, HORIZON // BATCH + 1, dtype=float) * BATCH
-    estimate, se = proportion_gap(cumulative_successes(rng, sims, slices, p_stable),
-                                  cumulative_successes(rng, sims, slices, p_cand), n)
+    estimate, se = proportion_gap(
+        cumulative_successes(rng, sims, slices, p_stable), cumulative_successes(rng, sims, slices, p_cand), n
+    )
     z = estimate / se
     per_slice_alpha = ALPHA / slices
     bounds = np.array(sequential.spending_boundary(per_slice_alpha, sequential.look_fractions(HORIZON, BATCH)))
@@ -70,7 +77,9 @@ def quality_decisions(rng: np.random.Generator, sims: int, p_stable: NDArray[np.
     }
 
 
-def latency_detection_samples(rng: np.random.Generator, sims: int, shift: float, sigma: float, alpha: float) -> NDArray[np.float64]:
+def latency_detection_samples(
+    rng: np.random.Generator, sims: int, shift: float, sigma: float, alpha: float
+) -> NDArray[np.float64]:
     """Samples per arm at which revgate's latency gate declares the candidate slower (inf if never)."""
     stable = rng.normal(0.0, sigma, size=(sims, HORIZON))
     cand = rng.normal(shift, sigma, size=(sims, HORIZON))
@@ -112,9 +121,18 @@ def run() -> dict[str, object]:
         "latency_shift_median_samples": {"revgate": float(np.median(shift))},
         "latency_shift_detected_by_2000": {"revgate": float(np.isfinite(shift).mean())},
         "latency_shift_median_samples_sigma_1": {"revgate": float(np.median(shift_wide))},
-        "settings": {"alpha": ALPHA, "horizon_per_arm": HORIZON, "look_every": BATCH, "slices": SLICES,
-                     "quality_margin": MARGIN, "latency_log_sigma": LATENCY_SIGMA, "latency_alpha": latency_alpha,
-                     "quality_simulations": sims, "latency_simulations": 4000, "seed": SEED},
+        "settings": {
+            "alpha": ALPHA,
+            "horizon_per_arm": HORIZON,
+            "look_every": BATCH,
+            "slices": SLICES,
+            "quality_margin": MARGIN,
+            "latency_log_sigma": LATENCY_SIGMA,
+            "latency_alpha": latency_alpha,
+            "quality_simulations": sims,
+            "latency_simulations": 4000,
+            "seed": SEED,
+        },
     }
 
 
@@ -130,9 +148,13 @@ def main() -> None:
         cells = [f"{row[s]:9.4g}" if s in row else f"{'-':>9}" for s in ("revgate", "naive", "fixed")]
         print(f"{name:42} {' '.join(cells)}")
     print(f"({elapsed:.1f} s)")
-    result = {**figures, "command": "python bench/gates.py", "date": datetime.now(UTC).isoformat(timespec="seconds"),
-              "machine": f"{platform.machine()}, {platform.processor() or platform.system()}, python {platform.python_version()}",
-              "seconds": round(elapsed, 1)}
+    result = {
+        **figures,
+        "command": "python bench/gates.py",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {platform.processor() or platform.system()}, python {platform.python_version()}",
+        "seconds": round(elapsed, 1),
+    }
     out = Path(__file__).resolve().parent / "results" / "gates.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")

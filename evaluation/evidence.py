@@ -21,7 +21,9 @@ def read_records(path: Path) -> list[RequestRecord]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
-        raise RecordsInvalid(f"cannot read records: {error.strerror}", where=str(path), fix="Give an existing records file.") from None
+        raise RecordsInvalid(
+            f"cannot read records: {error.strerror}", where=str(path), fix="Give an existing records file."
+        ) from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -29,8 +31,11 @@ def read_records(path: Path) -> list[RequestRecord]:
         try:
             records.append(RequestRecord.from_json(line))
         except (json.JSONDecodeError, TypeError) as error:
-            raise RecordsInvalid(f"not a request record: {error}", where=f"{path}:{number}",
-                                 fix="Each line must be one record as the router or replay writes it.") from None
+            raise RecordsInvalid(
+                f"not a request record: {error}",
+                where=f"{path}:{number}",
+                fix="Each line must be one record as the router or replay writes it.",
+            ) from None
     return records
 
 
@@ -41,8 +46,9 @@ def write_records(records: Sequence[RequestRecord], path: Path) -> None:
     tmp.replace(path)
 
 
-def split_arms(records: Sequence[RequestRecord], stable: str | None = None,
-               candidate: str | None = None) -> tuple[tuple[RequestRecord, ...], tuple[RequestRecord, ...]]:
+def split_arms(
+    records: Sequence[RequestRecord], stable: str | None = None, candidate: str | None = None
+) -> tuple[tuple[RequestRecord, ...], tuple[RequestRecord, ...]]:
     """(stable, candidate): by revision when both are named, else by the records' arm field."""
     if stable is not None and candidate is not None:
         s = tuple(r for r in records if r.revision == stable)
@@ -51,8 +57,10 @@ def split_arms(records: Sequence[RequestRecord], stable: str | None = None,
         s = tuple(r for r in records if r.arm == "stable")
         c = tuple(r for r in records if r.arm in ("candidate", "shadow"))
     if not s or not c:
-        raise RecordsInvalid(f"found {len(s)} stable and {len(c)} candidate records",
-                             fix="Name --stable and --candidate revisions, or give records with arm stable and candidate.")
+        raise RecordsInvalid(
+            f"found {len(s)} stable and {len(c)} candidate records",
+            fix="Name --stable and --candidate revisions, or give records with arm stable and candidate.",
+        )
     return s, c
 
 
@@ -72,10 +80,22 @@ GRADERS: dict[str, graders.Grader] = {
 }
 
 
-def build_evidence(stable: Sequence[RequestRecord], candidate: Sequence[RequestRecord], grader: graders.Grader,
-                   *, expected_candidate_share: float | None = None, final: bool = False) -> Evidence:
+def build_evidence(
+    stable: Sequence[RequestRecord],
+    candidate: Sequence[RequestRecord],
+    grader: graders.Grader,
+    *,
+    expected_candidate_share: float | None = None,
+    final: bool = False,
+) -> Evidence:
     """Grade both arms (successful, labelled requests only) and bundle them as gate evidence."""
     ok_s = [r for r in stable if r.outcome == "ok"]
     ok_c = [r for r in candidate if r.outcome == "ok"]
-    return Evidence(tuple(stable), tuple(candidate), graders.score_records(ok_s, grader), graders.score_records(ok_c, grader),
-                    expected_candidate_share=expected_candidate_share, final=final)
+    return Evidence(
+        tuple(stable),
+        tuple(candidate),
+        graders.score_records(ok_s, grader),
+        graders.score_records(ok_c, grader),
+        expected_candidate_share=expected_candidate_share,
+        final=final,
+    )

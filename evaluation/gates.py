@@ -46,8 +46,11 @@ class Evidence:
     def digest(self) -> str:
         """A digest over every record and score, so an approval binds to exactly this evidence."""
         lines = sorted(r.to_json() for r in (*self.stable, *self.candidate))
-        scores = sorted(f"{arm}:{rid}:{score!r}" for arm, table in (("s", self.stable_scores), ("c", self.candidate_scores))
-                        for rid, score in table.items())
+        scores = sorted(
+            f"{arm}:{rid}:{score!r}"
+            for arm, table in (("s", self.stable_scores), ("c", self.candidate_scores))
+            for rid, score in table.items()
+        )
         return sha256_digest("\n".join([*lines, *scores]).encode())
 
 
@@ -132,8 +135,9 @@ def mean_gap(worse: NDArray[np.float64], better: NDArray[np.float64]) -> tuple[f
     return float(worse.mean() - better.mean()), se
 
 
-def sequential_compare(worse: ArmSeries, better: ArmSeries, estimator: Estimator, alpha: float,
-                       policy: GatePolicy, margin: float) -> sequential.SequentialDecision:
+def sequential_compare(
+    worse: ArmSeries, better: ArmSeries, estimator: Estimator, alpha: float, policy: GatePolicy, margin: float
+) -> sequential.SequentialDecision:
     """Evaluate the planned looks made so far (``worse`` is the arm whose excess counts as harm).
 
     A look of size n happens once both arms have n observations; it uses every observation that
@@ -154,27 +158,43 @@ def sequential_compare(worse: ArmSeries, better: ArmSeries, estimator: Estimator
     return sequential.decide_shift(tuple(looks), margin)
 
 
-def decision_numbers(decision: sequential.SequentialDecision, candidate: ArmSeries, stable: ArmSeries) -> dict[str, str]:
+def decision_numbers(
+    decision: sequential.SequentialDecision, candidate: ArmSeries, stable: ArmSeries
+) -> dict[str, str]:
     """The numbers a release manager reads: samples, the deciding (or last) look's estimate, interval, boundary.
 
     ``estimate`` is how much worse the candidate is (positive = worse); ``lower``/``upper`` bound it.
     """
-    numbers = {"candidate_samples": str(len(candidate)), "stable_samples": str(len(stable)), "looks": str(len(decision.looks))}
+    numbers = {
+        "candidate_samples": str(len(candidate)),
+        "stable_samples": str(len(stable)),
+        "looks": str(len(decision.looks)),
+    }
     if decision.looks:
         last = next((lk for lk in decision.looks if lk.samples == decision.decided_at), decision.looks[-1])
-        numbers |= {"look_samples": str(last.samples), "estimate": fmt(last.estimate), "lower": fmt(last.lower()),
-                    "upper": fmt(last.upper()), "boundary_z": fmt(last.boundary, 3)}
+        numbers |= {
+            "look_samples": str(last.samples),
+            "estimate": fmt(last.estimate),
+            "lower": fmt(last.lower()),
+            "upper": fmt(last.upper()),
+            "boundary_z": fmt(last.boundary, 3),
+        }
     return numbers
 
 
 # --- quality per slice ---------------------------------------------------------------------------
 
 
-def _scored(records: Sequence[RequestRecord], scores: Mapping[str, float], keys: Sequence[str]) -> dict[str, list[tuple[float, float]]]:
+def scores_by_slice(
+    records: Sequence[RequestRecord], scores: Mapping[str, float], keys: Sequence[str]
+) -> dict[str, list[tuple[float, float]]]:
+    """(arrival, score) pairs of successful, graded records, by slice."""
     by_slice: dict[str, list[tuple[float, float]]] = {}
     for record in records:
         if record.outcome == "ok" and record.request_id in scores:
-            by_slice.setdefault(metrics.slice_name(record, keys), []).append((record.arrival_s, scores[record.request_id]))
+            by_slice.setdefault(metrics.slice_name(record, keys), []).append(
+                (record.arrival_s, scores[record.request_id])
+            )
     return by_slice
 
 
@@ -188,35 +208,54 @@ class QualityGate:
     def evaluate(self, evidence: Evidence) -> GateResult:
         """Bonferroni across slices; small slices inconclusive; critical slices without evidence fail at the end."""
         keys = self.policy.slice_keys
-        stable = _scored(evidence.stable, evidence.stable_scores, keys)
-        candidate = _scored(evidence.candidate, evidence.candidate_scores, keys)
+        stable = scores_by_slice(evidence.stable, evidence.stable_scores, keys)
+        candidate = scores_by_slice(evidence.candidate, evidence.candidate_scores, keys)
         names = sorted(set(stable) | set(candidate) | {c for c in self.policy.critical_slices})
         alpha = float(self.policy.alpha) / max(len(names), 1)
         slices = tuple(self._slice(n, stable.get(n, []), candidate.get(n, []), alpha, evidence.final) for n in names)
         outcome = combine([s.outcome for s in slices])
         worst = [s.slice for s in slices if s.outcome == outcome and outcome != "pass"]
-        reason = "every slice non-inferior" if outcome == "pass" else f"{outcome}: {', '.join(worst) or 'no graded traffic'}"
-        return GateResult(gate=self.name, outcome=outcome, reason=reason,
-                          numbers={"slices": str(len(names)), "alpha_per_slice": fmt(alpha, 6)}, slices=slices)
+        reason = (
+            "every slice non-inferior" if outcome == "pass" else f"{outcome}: {', '.join(worst) or 'no graded traffic'}"
+        )
+        return GateResult(
+            gate=self.name,
+            outcome=outcome,
+            reason=reason,
+            numbers={"slices": str(len(names)), "alpha_per_slice": fmt(alpha, 6)},
+            slices=slices,
+        )
 
     def decision(self, stable: ArmSeries, candidate: ArmSeries, alpha: float) -> sequential.SequentialDecision:
         """The sequential comparison for one slice (stable - candidate: positive means the candidate is worse)."""
-        return sequential_compare(stable, candidate, proportion_gap, alpha, self.policy, float(self.policy.quality_margin))
+        return sequential_compare(
+            stable, candidate, proportion_gap, alpha, self.policy, float(self.policy.quality_margin)
+        )
 
-    def _slice(self, name: str, stable_pairs: list[tuple[float, float]], candidate_pairs: list[tuple[float, float]],
-               alpha: float, final: bool) -> SliceResult:
+    def _slice(
+        self,
+        name: str,
+        stable_pairs: list[tuple[float, float]],
+        candidate_pairs: list[tuple[float, float]],
+        alpha: float,
+        final: bool,
+    ) -> SliceResult:
         stable, candidate = ArmSeries.of(stable_pairs), ArmSeries.of(candidate_pairs)
         decision = self.decision(stable, candidate, alpha)
         numbers = decision_numbers(decision, candidate, stable) | {
             "stable_mean": fmt(float(stable.values.mean()) if len(stable) else None),
-            "candidate_mean": fmt(float(candidate.values.mean()) if len(candidate) else None)}
+            "candidate_mean": fmt(float(candidate.values.mean()) if len(candidate) else None),
+        }
         critical = name in self.policy.critical_slices
-        outcome, reason = _slice_outcome(decision, min(len(stable), len(candidate)), self.policy.min_samples_per_slice,
-                                         critical and final)
+        outcome, reason = _slice_outcome(
+            decision, min(len(stable), len(candidate)), self.policy.min_samples_per_slice, critical and final
+        )
         return SliceResult(slice=name, outcome=outcome, reason=reason, numbers=numbers)
 
 
-def _slice_outcome(decision: sequential.SequentialDecision, samples: int, minimum: int, must_decide: bool) -> tuple[Outcome, str]:
+def _slice_outcome(
+    decision: sequential.SequentialDecision, samples: int, minimum: int, must_decide: bool
+) -> tuple[Outcome, str]:
     if decision.verdict == "worse":
         return "fail", f"worse than stable at look n={decision.decided_at}"
     if samples < minimum:
@@ -247,20 +286,30 @@ class ErrorRateGate:
 
     def evaluate(self, evidence: Evidence) -> GateResult:
         """Sequential two-proportion comparison of the failure rate."""
+
         def failed(r: RequestRecord) -> float | None:
             return None if r.outcome == "rejected" else float(r.outcome in FAILED)
 
         candidate, stable = _series(evidence.candidate, failed), _series(evidence.stable, failed)
-        decision = sequential_compare(candidate, stable, proportion_gap, float(self.policy.alpha), self.policy,
-                                      float(self.policy.error_margin))
-        outcome, reason = _slice_outcome(decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False)
+        decision = sequential_compare(
+            candidate, stable, proportion_gap, float(self.policy.alpha), self.policy, float(self.policy.error_margin)
+        )
+        outcome, reason = _slice_outcome(
+            decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False
+        )
         rates = {f"candidate_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.candidate).items()}
         rates |= {f"stable_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.stable).items()}
-        return GateResult(gate=self.name, outcome=outcome, reason=reason, numbers=decision_numbers(decision, candidate, stable) | rates)
+        return GateResult(
+            gate=self.name,
+            outcome=outcome,
+            reason=reason,
+            numbers=decision_numbers(decision, candidate, stable) | rates,
+        )
 
 
 def log_latency(metric: LatencyMetric) -> Callable[[RequestRecord], float | None]:
     """log(seconds) of ``metric`` for successful records (None when undefined)."""
+
     def value(record: RequestRecord) -> float | None:
         seconds = metrics.latency_s(record, metric) if record.outcome == "ok" else None
         return math.log(seconds) if seconds is not None and seconds > 0 else None
@@ -287,7 +336,9 @@ class LatencyGate:
         stable = _series(evidence.stable, log_latency(self.metric))
         margin = math.log1p(float(self.policy.latency_margin))
         decision = sequential_compare(candidate, stable, mean_gap, self.alpha, self.policy, margin)
-        outcome, reason = _slice_outcome(decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False)
+        outcome, reason = _slice_outcome(
+            decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False
+        )
         numbers = decision_numbers(decision, candidate, stable)
         if decision.looks:
             numbers["ratio"] = fmt(math.exp(float(numbers["estimate"])))
@@ -301,8 +352,11 @@ def attained(record: RequestRecord, target: SloTarget) -> bool:
     """An admitted request met every threshold of the target (errors and timeouts never do)."""
     if record.outcome != "ok":
         return False
-    checks = (("ttft", target.ttft_ms, record.ttft_s), ("tpot", target.tpot_ms, record.tpot_s),
-              ("e2e", target.e2e_ms, record.e2e_s))
+    checks = (
+        ("ttft", target.ttft_ms, record.ttft_s),
+        ("tpot", target.tpot_ms, record.tpot_s),
+        ("e2e", target.e2e_ms, record.e2e_s),
+    )
     for metric, limit_ms, seconds in checks:
         if limit_ms is None:
             continue
@@ -338,15 +392,32 @@ class SloGate:
         lower, upper = sequential.bernoulli_confidence_sequence(hits, len(admitted), self.alpha)
         goal = float(self.target.attainment)
         baseline = [r for r in metrics.admitted(evidence.stable) if metrics.in_class(r, self.target.request_class)]
-        numbers = {"admitted": str(len(admitted)), "rejected": str(len(chosen) - len(admitted)), "attained": str(hits),
-                   "attainment": fmt(hits / len(admitted) if admitted else None), "lower": fmt(lower), "upper": fmt(upper),
-                   "target": str(self.target.attainment),
-                   "stable_attainment": fmt(sum(attained(r, self.target) for r in baseline) / len(baseline) if baseline else None)}
+        numbers = {
+            "admitted": str(len(admitted)),
+            "rejected": str(len(chosen) - len(admitted)),
+            "attained": str(hits),
+            "attainment": fmt(hits / len(admitted) if admitted else None),
+            "lower": fmt(lower),
+            "upper": fmt(upper),
+            "target": str(self.target.attainment),
+            "stable_attainment": fmt(
+                sum(attained(r, self.target) for r in baseline) / len(baseline) if baseline else None
+            ),
+        }
         if upper < goal:
-            return GateResult(gate=self.name, outcome="fail", reason=f"attainment upper bound {upper:.4f} < {goal}", numbers=numbers)
+            return GateResult(
+                gate=self.name, outcome="fail", reason=f"attainment upper bound {upper:.4f} < {goal}", numbers=numbers
+            )
         if lower >= goal and len(admitted) >= self.policy.min_samples_per_slice:
-            return GateResult(gate=self.name, outcome="pass", reason=f"attainment lower bound {lower:.4f} >= {goal}", numbers=numbers)
-        return GateResult(gate=self.name, outcome="inconclusive", reason=f"bounds [{lower:.4f}, {upper:.4f}] contain {goal}", numbers=numbers)
+            return GateResult(
+                gate=self.name, outcome="pass", reason=f"attainment lower bound {lower:.4f} >= {goal}", numbers=numbers
+            )
+        return GateResult(
+            gate=self.name,
+            outcome="inconclusive",
+            reason=f"bounds [{lower:.4f}, {upper:.4f}] contain {goal}",
+            numbers=numbers,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,10 +433,16 @@ class SampleRatioGate:
         n_c, n_s = len(evidence.candidate), len(evidence.stable)
         alpha = float(self.policy.srm_alpha)
         rejects = sequential.mixture_rejects(n_c, n_c + n_s, self.expected_share, alpha)
-        numbers = {"candidate": str(n_c), "stable": str(n_s), "expected_share": fmt(self.expected_share),
-                   "observed_share": fmt(n_c / (n_c + n_s) if n_c + n_s else None)}
+        numbers = {
+            "candidate": str(n_c),
+            "stable": str(n_s),
+            "expected_share": fmt(self.expected_share),
+            "observed_share": fmt(n_c / (n_c + n_s) if n_c + n_s else None),
+        }
         if rejects:
-            return GateResult(gate=self.name, outcome="fail", reason="traffic split differs from the route weight", numbers=numbers)
+            return GateResult(
+                gate=self.name, outcome="fail", reason="traffic split differs from the route weight", numbers=numbers
+            )
         if n_c + n_s < self.policy.min_samples_per_slice:
             return GateResult(gate=self.name, outcome="inconclusive", reason="too few requests", numbers=numbers)
         return GateResult(gate=self.name, outcome="pass", reason="no sample-ratio mismatch", numbers=numbers)
@@ -431,10 +508,15 @@ def judge(gate: AllOf, policy: GatePolicy, evidence: Evidence) -> GateReport:
     if outcome == "inconclusive" and evidence.final and policy.on_inconclusive == "fail":
         outcome = "fail"
     return GateReport(
-        outcome=outcome, policy_digest=policy.digest, evidence_digest=evidence.digest(),
-        stable_revision=_revision(evidence.stable), candidate_revision=_revision(evidence.candidate),
-        stable=metrics.volume(evidence.stable), candidate=metrics.volume(evidence.candidate),
-        gates=results, notes=_notes(evidence),
+        outcome=outcome,
+        policy_digest=policy.digest,
+        evidence_digest=evidence.digest(),
+        stable_revision=_revision(evidence.stable),
+        candidate_revision=_revision(evidence.candidate),
+        stable=metrics.volume(evidence.stable),
+        candidate=metrics.volume(evidence.candidate),
+        gates=results,
+        notes=_notes(evidence),
     )
 
 

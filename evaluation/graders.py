@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 from evaluation.records import RequestRecord
 from manifests.errors import RevgateError
@@ -152,7 +152,9 @@ def _post_json(url: str, body: dict[str, Any], timeout_s: float = 60.0) -> dict[
             result: dict[str, Any] = json.loads(response.read())
             return result
     except OSError as error:
-        raise GraderError(f"judge unreachable: {error}", where=url, fix="Start the judge model or fix the URL.") from None
+        raise GraderError(
+            f"judge unreachable: {error}", where=url, fix="Start the judge model or fix the URL."
+        ) from None
 
 
 def parse_judge_reply(text: str) -> Grade:
@@ -179,7 +181,9 @@ def judge_grader(base_url: str, model: str, rubric: str, post: Post = _post_json
         try:
             text = str(reply["choices"][0]["message"]["content"])
         except (KeyError, IndexError, TypeError):
-            raise GraderError("judge reply is not a chat completion", where=url, fix="Point at /v1 of an OpenAI-compatible server.") from None
+            raise GraderError(
+                "judge reply is not a chat completion", where=url, fix="Point at /v1 of an OpenAI-compatible server."
+            ) from None
         return parse_judge_reply(text)
 
     return grade

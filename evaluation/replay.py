@@ -70,20 +70,47 @@ def request_body(entry: TraceEntry, model: str) -> dict[str, Any]:
     return body
 
 
-def _record(entry: TraceEntry, arrival: float, outcome: Outcome, stream: _Stream, *, revision: str,
-            endpoint: str, status: int | None = None, error: str = "") -> RequestRecord:
+def _record(
+    entry: TraceEntry,
+    arrival: float,
+    outcome: Outcome,
+    stream: _Stream,
+    *,
+    revision: str,
+    endpoint: str,
+    status: int | None = None,
+    error: str = "",
+) -> RequestRecord:
     return RequestRecord(
-        request_id=entry.request_id, revision=revision, arm="direct", arrival_s=arrival, outcome=outcome,
-        tenant=entry.tenant, slices=dict(entry.slices), endpoint=endpoint,
-        first_token_s=stream.first_token_s, last_token_s=stream.last_token_s if stream.last_token_s else None,
-        prompt_tokens=stream.prompt_tokens, output_tokens=stream.completion_tokens or stream.chunks or None,
-        finish_reason=stream.finish_reason, status_code=status, error=error,
-        output_text="".join(stream.text) if outcome == "ok" else None, reference=entry.reference,
+        request_id=entry.request_id,
+        revision=revision,
+        arm="direct",
+        arrival_s=arrival,
+        outcome=outcome,
+        tenant=entry.tenant,
+        slices=dict(entry.slices),
+        endpoint=endpoint,
+        first_token_s=stream.first_token_s,
+        last_token_s=stream.last_token_s if stream.last_token_s else None,
+        prompt_tokens=stream.prompt_tokens,
+        output_tokens=stream.completion_tokens or stream.chunks or None,
+        finish_reason=stream.finish_reason,
+        status_code=status,
+        error=error,
+        output_text="".join(stream.text) if outcome == "ok" else None,
+        reference=entry.reference,
     )
 
 
-async def send_one(session: aiohttp.ClientSession, target: str, entry: TraceEntry, model: str,
-                   arrival: float, timeout_s: float, clock: Callable[[], float] = time.time) -> RequestRecord:
+async def send_one(
+    session: aiohttp.ClientSession,
+    target: str,
+    entry: TraceEntry,
+    model: str,
+    arrival: float,
+    timeout_s: float,
+    clock: Callable[[], float] = time.time,
+) -> RequestRecord:
     """Send one request, stream the answer, and describe what happened (never raises for server faults)."""
     url = target.rstrip("/") + entry.endpoint.removeprefix("/v1")
     stream = _Stream()
@@ -95,23 +122,42 @@ async def send_one(session: aiohttp.ClientSession, target: str, entry: TraceEntr
                 if response.status != 200:
                     detail = (await response.text())[:200]
                     outcome: Outcome = "rejected" if response.status in REJECT_STATUS else "error"
-                    return _record(entry, arrival, outcome, stream, revision=revision, endpoint=url,
-                                   status=response.status, error=detail)
+                    return _record(
+                        entry,
+                        arrival,
+                        outcome,
+                        stream,
+                        revision=revision,
+                        endpoint=url,
+                        status=response.status,
+                        error=detail,
+                    )
                 async for raw in response.content:
                     line = raw.decode("utf-8", "replace").strip()
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
                         stream.take(json.loads(line[5:]), clock())
                 return _record(entry, arrival, "ok", stream, revision=revision, endpoint=url, status=200)
     except TimeoutError:
-        return _record(entry, arrival, "timeout", stream, revision=revision, endpoint=url, error=f"no answer within {timeout_s} s")
+        return _record(
+            entry, arrival, "timeout", stream, revision=revision, endpoint=url, error=f"no answer within {timeout_s} s"
+        )
     except asyncio.CancelledError:
         return _record(entry, arrival, "cancelled", stream, revision=revision, endpoint=url, error="replay cancelled")
     except (aiohttp.ClientError, json.JSONDecodeError) as error:
-        return _record(entry, arrival, "error", stream, revision=revision, endpoint=url, error=f"{type(error).__name__}: {error}")
+        return _record(
+            entry, arrival, "error", stream, revision=revision, endpoint=url, error=f"{type(error).__name__}: {error}"
+        )
 
 
-async def replay(entries: Sequence[TraceEntry], target: str, model: str, *, timeout_s: float = 60.0,
-                 on_record: Callable[[RequestRecord], None] | None = None, max_connections: int = 1024) -> ReplayResult:
+async def replay(
+    entries: Sequence[TraceEntry],
+    target: str,
+    model: str,
+    *,
+    timeout_s: float = 60.0,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    max_connections: int = 1024,
+) -> ReplayResult:
     """Send every entry at its offset (open loop) and gather one record per request."""
     connector = aiohttp.TCPConnector(limit=max_connections)
     lateness: list[float] = []

@@ -48,15 +48,21 @@ def look_sizes(max_samples: int, look_every: int) -> tuple[int, ...]:
     return tuple(round(f * max_samples) for f in look_fractions(max_samples, look_every))
 
 
-def _crossing_probability(density: NDArray[np.float64], grid: NDArray[np.float64], weights: NDArray[np.float64],
-                          bound: float, step_sd: float) -> float:
+def _crossing_probability(
+    density: NDArray[np.float64], grid: NDArray[np.float64], weights: NDArray[np.float64], bound: float, step_sd: float
+) -> float:
     """P(path continued until now and crosses ``bound`` at this look), on the Brownian (W) scale."""
     tail = stats.norm.sf((bound - grid) / step_sd)
     return float(np.sum(weights * density * tail))
 
 
-def _propagate(density: NDArray[np.float64], grid: NDArray[np.float64], weights: NDArray[np.float64],
-               new_grid: NDArray[np.float64], step_sd: float) -> NDArray[np.float64]:
+def _propagate(
+    density: NDArray[np.float64],
+    grid: NDArray[np.float64],
+    weights: NDArray[np.float64],
+    new_grid: NDArray[np.float64],
+    step_sd: float,
+) -> NDArray[np.float64]:
     """Sub-density of W at the next look, for paths that have not crossed yet."""
     kernel = stats.norm.pdf((new_grid[:, None] - grid[None, :]) / step_sd) / step_sd
     result: NDArray[np.float64] = kernel @ (weights * density)
@@ -104,9 +110,16 @@ def spending_boundary(alpha: float, fractions: tuple[float, ...]) -> tuple[float
     return tuple(bounds)
 
 
-def _solve_bound(density: NDArray[np.float64], grid: NDArray[np.float64], weights: NDArray[np.float64],
-                 increment: float, step_sd: float, scale: float) -> float:
+def _solve_bound(
+    density: NDArray[np.float64],
+    grid: NDArray[np.float64],
+    weights: NDArray[np.float64],
+    increment: float,
+    step_sd: float,
+    scale: float,
+) -> float:
     """The W-scale bound whose crossing probability at this look equals ``increment``."""
+
     def excess(bound: float) -> float:
         return _crossing_probability(density, grid, weights, bound, step_sd) - increment
 
@@ -150,8 +163,9 @@ OPEN, WORSE, WITHIN = 0, 1, 2
 VERDICTS = ("open", "worse", "within")
 
 
-def verdicts(estimate: NDArray[np.float64], standard_error: NDArray[np.float64], bounds: NDArray[np.float64],
-             margin: float) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def verdicts(
+    estimate: NDArray[np.float64], standard_error: NDArray[np.float64], bounds: NDArray[np.float64], margin: float
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Vectorised stopping rule over looks on the last axis: (verdict code, index of the deciding look or -1).
 
     At each look the repeated interval is ``estimate +- bound * standard_error`` (positive estimate
@@ -173,8 +187,12 @@ def decide_shift(looks: tuple[SequentialLook, ...], margin: float) -> Sequential
     """Apply :func:`verdicts` to the looks made so far."""
     if not looks:
         return SequentialDecision("open", None, looks)
-    code, first = verdicts(np.array([lk.estimate for lk in looks]), np.array([lk.standard_error for lk in looks]),
-                           np.array([lk.boundary for lk in looks]), margin)
+    code, first = verdicts(
+        np.array([lk.estimate for lk in looks]),
+        np.array([lk.standard_error for lk in looks]),
+        np.array([lk.boundary for lk in looks]),
+        margin,
+    )
     verdict = VERDICTS[int(code)]
     return SequentialDecision(verdict, None if verdict == "open" else looks[int(first)].samples, looks)
 
@@ -187,8 +205,9 @@ def _log_mixture_ratio(successes: int, trials: int, p0: float, prior_a: float, p
     return float(mixture - null)
 
 
-def mixture_rejects(successes: int, trials: int, p0: float, alpha: float,
-                    prior_a: float = 0.5, prior_b: float = 0.5) -> bool:
+def mixture_rejects(
+    successes: int, trials: int, p0: float, alpha: float, prior_a: float = 0.5, prior_b: float = 0.5
+) -> bool:
     """True once the beta-binomial mixture martingale exceeds 1/alpha (Ville: valid at every n)."""
     return _log_mixture_ratio(successes, trials, p0, prior_a, prior_b) >= math.log(1.0 / alpha)
 

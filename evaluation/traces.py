@@ -55,7 +55,9 @@ def parse_entry(line: str, where: str) -> TraceEntry:
         data = json.loads(line)
         entry = TraceEntry(**data)
     except (json.JSONDecodeError, TypeError) as error:
-        raise TraceInvalid(f"not a trace entry: {error}", where=where, fix="Each line must be one JSON trace entry.") from None
+        raise TraceInvalid(
+            f"not a trace entry: {error}", where=where, fix="Each line must be one JSON trace entry."
+        ) from None
     problem = _problem(entry)
     if problem:
         raise TraceInvalid(problem, where=where, fix="Correct the entry; nothing was replayed.")
@@ -79,12 +81,16 @@ def read_trace(path: Path) -> list[TraceEntry]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
-        raise TraceInvalid(f"cannot read the trace: {error.strerror}", where=str(path), fix="Give an existing trace file.") from None
+        raise TraceInvalid(
+            f"cannot read the trace: {error.strerror}", where=str(path), fix="Give an existing trace file."
+        ) from None
     entries = [parse_entry(line, f"{path}:{number}") for number, line in enumerate(lines, 1) if line.strip()]
     seen: set[str] = set()
     for entry in entries:
         if entry.request_id in seen:
-            raise TraceInvalid(f"request_id {entry.request_id!r} appears twice", where=str(path), fix="Make request ids unique.")
+            raise TraceInvalid(
+                f"request_id {entry.request_id!r} appears twice", where=str(path), fix="Make request ids unique."
+            )
         seen.add(entry.request_id)
     return sorted(entries, key=lambda e: e.offset_s)
 
@@ -96,8 +102,9 @@ def write_trace(entries: Iterable[TraceEntry], path: Path) -> None:
     tmp.replace(path)
 
 
-def arrival_offsets(rng: random.Random, n: int, rate: float, arrivals: Arrivals, burst_factor: float = 5.0,
-                    burst_share: float = 0.2) -> list[float]:
+def arrival_offsets(
+    rng: random.Random, n: int, rate: float, arrivals: Arrivals, burst_factor: float = 5.0, burst_share: float = 0.2
+) -> list[float]:
     """Send times for ``n`` requests at mean ``rate`` per second.
 
     Poisson: exponential gaps. Bursty: a two-state modulated Poisson process that spends
@@ -121,9 +128,16 @@ def arrival_offsets(rng: random.Random, n: int, rate: float, arrivals: Arrivals,
     return offsets
 
 
-def generate_trace(n: int, rate: float, *, seed: int = 0, arrivals: Arrivals = "poisson",
-                   mix: Mapping[str, float] | None = None, labelled_fraction: float = 1.0,
-                   max_tokens: int = reference_task.MAX_ANSWER_CHARS + 2) -> list[TraceEntry]:
+def generate_trace(
+    n: int,
+    rate: float,
+    *,
+    seed: int = 0,
+    arrivals: Arrivals = "poisson",
+    mix: Mapping[str, float] | None = None,
+    labelled_fraction: float = 1.0,
+    max_tokens: int = reference_task.MAX_ANSWER_CHARS + 2,
+) -> list[TraceEntry]:
     """A reference-task trace: prompts and slices from :mod:`evaluation.reference_task`.
 
     ``mix`` weights the task slices (family x length bucket, so it sets the length distribution);
@@ -139,9 +153,11 @@ def generate_trace(n: int, rate: float, *, seed: int = 0, arrivals: Arrivals = "
     offsets = arrival_offsets(rng, n, rate, arrivals)
     return [
         TraceEntry(
-            request_id=f"t{seed}-{index:06d}", offset_s=offset,
+            request_id=f"t{seed}-{index:06d}",
+            offset_s=offset,
             body={"prompt": example.prompt, "max_tokens": max_tokens, "temperature": 0},
-            slices=dict(example.slices), tenant=example.slices.get("tenant", ""),
+            slices=dict(example.slices),
+            tenant=example.slices.get("tenant", ""),
             reference=example.answer if rng.random() < labelled_fraction else None,
         )
         for index, (example, offset) in enumerate(zip(examples, offsets, strict=True))

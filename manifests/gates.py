@@ -29,7 +29,7 @@ def _decimal_from_text(value: object) -> object:
     # Strict mode refuses strings for Decimal; fractions travel as decimal strings, normalised so
     # that "0.05" and "0.050" are one identity. A float would carry binary noise into the digest.
     if isinstance(value, float):
-        raise ValueError("write fractions as decimal strings (\"0.05\"), not floats")
+        raise ValueError('write fractions as decimal strings ("0.05"), not floats')
     return Decimal(value).normalize() if isinstance(value, (str, Decimal)) else value
 
 

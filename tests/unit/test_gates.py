@@ -27,8 +27,16 @@ from manifests.gates import GatePolicy, GateReport, SloTarget
 SLICES = ("add", "rev", "sort")
 
 
-def arm(name: str, n: int, quality: Mapping[str, float], *, seed: int, latency_s: float = 0.1,
-        error_rate: float = 0.0, outcome_of: str = "ok") -> tuple[tuple[RequestRecord, ...], dict[str, float]]:
+def arm(
+    name: str,
+    n: int,
+    quality: Mapping[str, float],
+    *,
+    seed: int,
+    latency_s: float = 0.1,
+    error_rate: float = 0.0,
+    outcome_of: str = "ok",
+) -> tuple[tuple[RequestRecord, ...], dict[str, float]]:
     """``n`` records round-robin over slices, arrivals 10 ms apart, lognormal latency, Bernoulli scores."""
     rng = np.random.default_rng(seed)
     records, scores = [], {}
@@ -38,10 +46,16 @@ def arm(name: str, n: int, quality: Mapping[str, float], *, seed: int, latency_s
         failed = rng.random() < error_rate
         ttft = latency_s * float(rng.lognormal(0.0, 0.3))
         record = RequestRecord(
-            request_id=f"{name}-{i}", revision=f"rev-{name}", arm="stable" if name == "s" else "candidate",
-            arrival_s=arrival, outcome="error" if failed else outcome_of, slices={"family": family},
-            first_token_s=None if failed else arrival + ttft, last_token_s=None if failed else arrival + 2 * ttft,
-            prompt_tokens=8, output_tokens=None if failed else 4,
+            request_id=f"{name}-{i}",
+            revision=f"rev-{name}",
+            arm="stable" if name == "s" else "candidate",
+            arrival_s=arrival,
+            outcome="error" if failed else outcome_of,
+            slices={"family": family},
+            first_token_s=None if failed else arrival + ttft,
+            last_token_s=None if failed else arrival + 2 * ttft,
+            prompt_tokens=8,
+            output_tokens=None if failed else 4,
         )
         records.append(record)
         scores[record.request_id] = float(rng.random() < quality[family])
@@ -49,8 +63,12 @@ def arm(name: str, n: int, quality: Mapping[str, float], *, seed: int, latency_s
 
 
 def policy(**overrides: object) -> GatePolicy:
-    fields: dict[str, object] = {"slice_keys": ["family"], "max_samples_per_stage": 600, "look_every": 100,
-                                 "min_samples_per_slice": 50}
+    fields: dict[str, object] = {
+        "slice_keys": ["family"],
+        "max_samples_per_stage": 600,
+        "look_every": 100,
+        "min_samples_per_slice": 50,
+    }
     return GatePolicy.build(**(fields | overrides))
 
 
@@ -113,12 +131,16 @@ def test_quality_catches_one_regressed_slice_that_the_average_hides() -> None:
 
 
 def test_quality_passes_an_improved_candidate() -> None:
-    result = QualityGate(policy(quality_margin="0.05")).evaluate(evidence(EVEN, {"add": 0.97, "rev": 0.95, "sort": 0.96}))
+    result = QualityGate(policy(quality_margin="0.05")).evaluate(
+        evidence(EVEN, {"add": 0.97, "rev": 0.95, "sort": 0.96})
+    )
     assert result.outcome == "pass", result
 
 
 def test_small_slices_are_inconclusive_never_pass() -> None:
-    result = QualityGate(policy(min_samples_per_slice=300)).evaluate(evidence(EVEN, {"add": 1.0, "rev": 1.0, "sort": 1.0}, n=600))
+    result = QualityGate(policy(min_samples_per_slice=300)).evaluate(
+        evidence(EVEN, {"add": 1.0, "rev": 1.0, "sort": 1.0}, n=600)
+    )
     assert {s.outcome for s in result.slices} == {"inconclusive"}
     assert result.outcome == "inconclusive"
 
@@ -141,7 +163,9 @@ def test_looking_more_often_does_not_change_a_decision() -> None:
     decided_at = int(full.numbers["look_samples"])
     for cut in range(3 * decided_at, len(ev.candidate) + 1, 150):
         partial = Evidence(ev.stable[:cut], ev.candidate[:cut], ev.stable_scores, ev.candidate_scores)
-        assert {s.slice: s for s in gate.evaluate(partial).slices}["family=rev"].numbers["look_samples"] == str(decided_at)
+        assert {s.slice: s for s in gate.evaluate(partial).slices}["family=rev"].numbers["look_samples"] == str(
+            decided_at
+        )
 
 
 # --- errors, latency, SLO, split, hard constraints ---------------------------------------------------
@@ -182,7 +206,9 @@ def test_sample_ratio_mismatch_fails_a_skewed_split() -> None:
 
 
 def test_hard_constraint_with_unknown_evidence_fails() -> None:
-    p = policy(hard_constraints=[{"metric": "ttft_p99_ms", "maximum": "1000"}, {"metric": "error_rate", "maximum": "0"}])
+    p = policy(
+        hard_constraints=[{"metric": "ttft_p99_ms", "maximum": "1000"}, {"metric": "error_rate", "maximum": "0"}]
+    )
     assert HardConstraintGate(p).evaluate(evidence(EVEN, EVEN)).outcome == "pass"
     empty = Evidence((), ())
     result = HardConstraintGate(p).evaluate(empty)

@@ -1,0 +1,49 @@
+"""revgate command-line: ``rollback``, which must work with Prefect and MLflow down.
+
+It reads the route's history from the route store, plans the successor snapshot with
+``rollback.plan`` and commits it with compare-and-swap: one atomic swap, nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+from datetime import UTC, datetime
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``rollback``."""
+    parser = subparsers.add_parser(
+        "rollback",
+        help="route back to the last known good revision (aborts a canary first); needs only the route store",
+    )
+    parser.add_argument("--routes", required=True, help="route store: DIR, file:///DIR or s3://BUCKET/PREFIX")
+    parser.add_argument("--route", default="default", help="route name (default: default)")
+    parser.add_argument("--created-by", default="", help="who rolls back (audit trail; default: the OS user)")
+    parser.add_argument("--dry-run", action="store_true", help="print the planned snapshot, commit nothing")
+    parser.set_defaults(func=run_rollback)
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    """Plan and commit the rollback snapshot; print what changed."""
+    from registry.route_store import open_route_store
+    from rollback.plan import rollback_snapshot
+
+    store = open_route_store(args.routes)
+    history = store.history(args.route)
+    by = args.created_by or f"{getpass.getuser()} (revgate rollback)"
+    planned = rollback_snapshot(history, by=by, now=datetime.now(UTC))
+    current = history[-1]
+    print(f"route {args.route}: generation {current.generation} -> {planned.generation}")
+    print(f"  stable    {current.stable.short} -> {planned.stable.short}")
+    if current.candidate is not None:
+        print(f"  candidate {current.candidate.short} at {current.candidate.weight_ppm} ppm -> removed")
+    if current.shadow is not None:
+        print(f"  shadow    {current.shadow.short} -> removed")
+    if args.dry_run:
+        print("dry run: nothing committed")
+        return 0
+    store.write(planned)  # compare-and-swap: a concurrent change makes this fail and change nothing
+    print(f"committed generation {planned.generation}")
+    return 0
