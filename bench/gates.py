@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -152,7 +153,7 @@ def main() -> None:
         **figures,
         "command": "python bench/gates.py",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {platform.processor() or platform.system()}, python {platform.python_version()}",
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, py {platform.python_version()}",
         "seconds": round(elapsed, 1),
     }
     out = Path(__file__).resolve().parent / "results" / "gates.json"

@@ -130,9 +130,8 @@ def print_summary(records: Any, lateness_s: Any, wall_s: float) -> None:
     for key, value in summary.items():
         print(f"  {key:22} {'-' if value is None else f'{value:.4g}'}")
     if late.size:
-        print(
-            f"  generator lateness ms  p50 {np.quantile(late, 0.5):.2f}  p99 {np.quantile(late, 0.99):.2f}  max {late.max():.2f}"
-        )
+        p50, p99 = np.quantile(late, 0.5), np.quantile(late, 0.99)
+        print(f"  generator lateness ms  p50 {p50:.2f}  p99 {p99:.2f}  max {late.max():.2f}")
 
 
 def run_gate(args: argparse.Namespace) -> int:
@@ -165,11 +164,12 @@ def run_gate(args: argparse.Namespace) -> int:
 
 def render_report(report: Any) -> str:
     """A plain-text table of the gate report."""
-    lines = [
-        f"gate report: {report.outcome.upper()}  evidence {report.evidence_digest}",
-        f"  stable    {report.stable_revision}: {report.stable.requests} requests, {report.stable.output_tokens} output tokens",
-        f"  candidate {report.candidate_revision}: {report.candidate.requests} requests, {report.candidate.output_tokens} output tokens",
-    ]
+    lines = [f"gate report: {report.outcome.upper()}  evidence {report.evidence_digest}"]
+    for label, revision, volume in (
+        ("stable", report.stable_revision, report.stable),
+        ("candidate", report.candidate_revision, report.candidate),
+    ):
+        lines.append(f"  {label:9} {revision}: {volume.requests} requests, {volume.output_tokens} output tokens")
     for gate in report.gates:
         lines.append(f"  {gate.gate:18} {gate.outcome:13} {gate.reason}")
         lines.extend(f"    {s.slice:30} {s.outcome:13} {s.reason}" for s in gate.slices)

@@ -1,10 +1,45 @@
-"""revgate command-line: models commands."""
+"""revgate command-line: ``models make`` (build the reference zoo) and ``models eval`` (measure it)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
+
+DEFAULT_PER_SLICE = 300
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add this module's subcommands (none yet)."""
+    """Add ``models make`` and ``models eval``."""
+    models = subparsers.add_parser("models", help="the reference model zoo: tiny trained revisions")
+    commands = models.add_subparsers(dest="models_command", required=True)
+
+    make = commands.add_parser("make", help="train the zoo into OUT_DIR (reused when already current)")
+    make.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    make.set_defaults(func=_make)
+
+    evaluate = commands.add_parser("eval", help="serve each revision with vLLM and measure accuracy and speed")
+    evaluate.add_argument("zoo_dir", type=Path, metavar="ZOO_DIR")
+    evaluate.add_argument("--per-slice", type=int, default=DEFAULT_PER_SLICE, help="evaluation prompts per slice")
+    evaluate.add_argument("--revision", action="append", default=[], help="only these revisions (repeatable)")
+    evaluate.add_argument("--markdown", action="store_true", help="also print the docs table")
+    evaluate.set_defaults(func=_eval)
+
+
+def _make(args: argparse.Namespace) -> int:
+    from zoo.build import make_zoo  # noqa: PLC0415 - torch loads only when a models command runs
+    from zoo.recipe import default_zoo  # noqa: PLC0415 - torch loads only when a models command runs
+
+    revisions = make_zoo(args.out_dir, default_zoo())
+    for revision in revisions.values():
+        print(f"{revision.name:<17} {revision.artifact_digest}  {revision.path}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from zoo.evaluate import evaluate_zoo, markdown_table  # noqa: PLC0415 - torch loads only when a models command runs
+
+    reports = evaluate_zoo(args.zoo_dir, args.per_slice, args.revision)
+    if args.markdown:
+        print(markdown_table(reports))
+    return 0

@@ -136,7 +136,7 @@ def mean_gap(worse: NDArray[np.float64], better: NDArray[np.float64]) -> tuple[f
 
 
 def sequential_compare(
-    worse: ArmSeries, better: ArmSeries, estimator: Estimator, alpha: float, policy: GatePolicy, margin: float
+    worse: ArmSeries, better: ArmSeries, estimator: Estimator, *, alpha: float, policy: GatePolicy, margin: float
 ) -> sequential.SequentialDecision:
     """Evaluate the planned looks made so far (``worse`` is the arm whose excess counts as harm).
 
@@ -229,7 +229,7 @@ class QualityGate:
     def decision(self, stable: ArmSeries, candidate: ArmSeries, alpha: float) -> sequential.SequentialDecision:
         """The sequential comparison for one slice (stable - candidate: positive means the candidate is worse)."""
         return sequential_compare(
-            stable, candidate, proportion_gap, alpha, self.policy, float(self.policy.quality_margin)
+            stable, candidate, proportion_gap, alpha=alpha, policy=self.policy, margin=float(self.policy.quality_margin)
         )
 
     def _slice(
@@ -292,7 +292,12 @@ class ErrorRateGate:
 
         candidate, stable = _series(evidence.candidate, failed), _series(evidence.stable, failed)
         decision = sequential_compare(
-            candidate, stable, proportion_gap, float(self.policy.alpha), self.policy, float(self.policy.error_margin)
+            candidate,
+            stable,
+            proportion_gap,
+            alpha=float(self.policy.alpha),
+            policy=self.policy,
+            margin=float(self.policy.error_margin),
         )
         outcome, reason = _slice_outcome(
             decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False
@@ -335,7 +340,7 @@ class LatencyGate:
         candidate = _series(evidence.candidate, log_latency(self.metric))
         stable = _series(evidence.stable, log_latency(self.metric))
         margin = math.log1p(float(self.policy.latency_margin))
-        decision = sequential_compare(candidate, stable, mean_gap, self.alpha, self.policy, margin)
+        decision = sequential_compare(candidate, stable, mean_gap, alpha=self.alpha, policy=self.policy, margin=margin)
         outcome, reason = _slice_outcome(
             decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False
         )

@@ -106,6 +106,7 @@ async def send_one(
     session: aiohttp.ClientSession,
     target: str,
     entry: TraceEntry,
+    *,
     model: str,
     arrival: float,
     timeout_s: float,
@@ -164,7 +165,7 @@ async def replay(
     records: list[RequestRecord] = []
 
     async def run(entry: TraceEntry, arrival: float) -> None:
-        record = await send_one(session, target, entry, model, arrival, timeout_s, clock)
+        record = await send_one(session, target, entry, model=model, arrival=arrival, timeout_s=timeout_s, clock=clock)
         records.append(record)
         if on_record is not None:
             on_record(record)

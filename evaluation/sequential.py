@@ -39,7 +39,7 @@ def obrien_fleming_spent(alpha: float, fraction: float) -> float:
 
 def look_fractions(max_samples: int, look_every: int) -> tuple[float, ...]:
     """Information fractions of the planned looks: after every ``look_every`` samples, up to the maximum."""
-    sizes = list(range(look_every, max_samples, look_every)) + [max_samples]
+    sizes = [*range(look_every, max_samples, look_every), max_samples]
     return tuple(size / max_samples for size in sizes)
 
 
@@ -96,7 +96,7 @@ def spending_boundary(alpha: float, fractions: tuple[float, ...]) -> tuple[float
             z = float(stats.norm.isf(increment)) if increment > 1e-300 else NEVER
             bound_w = z * math.sqrt(t)
         else:
-            bound_w = _solve_bound(density, grid, weights, increment, step_sd, math.sqrt(t))
+            bound_w = _solve_bound(density, grid, weights, increment=increment, step_sd=step_sd, scale=math.sqrt(t))
             z = bound_w / math.sqrt(t) if math.isfinite(bound_w) else NEVER
         bounds.append(z)
         top = bound_w if math.isfinite(bound_w) else _GRID_WIDTH * math.sqrt(t)
@@ -114,6 +114,7 @@ def _solve_bound(
     density: NDArray[np.float64],
     grid: NDArray[np.float64],
     weights: NDArray[np.float64],
+    *,
     increment: float,
     step_sd: float,
     scale: float,
@@ -206,7 +207,7 @@ def _log_mixture_ratio(successes: int, trials: int, p0: float, prior_a: float, p
 
 
 def mixture_rejects(
-    successes: int, trials: int, p0: float, alpha: float, prior_a: float = 0.5, prior_b: float = 0.5
+    successes: int, trials: int, p0: float, alpha: float, *, prior_a: float = 0.5, prior_b: float = 0.5
 ) -> bool:
     """True once the beta-binomial mixture martingale exceeds 1/alpha (Ville: valid at every n)."""
     return _log_mixture_ratio(successes, trials, p0, prior_a, prior_b) >= math.log(1.0 / alpha)

@@ -103,27 +103,46 @@ def write_trace(entries: Iterable[TraceEntry], path: Path) -> None:
 
 
 def arrival_offsets(
-    rng: random.Random, n: int, rate: float, arrivals: Arrivals, burst_factor: float = 5.0, burst_share: float = 0.2
+    rng: random.Random,
+    n: int,
+    rate: float,
+    arrivals: Arrivals,
+    *,
+    burst_factor: float = 5.0,
+    burst_share: float = 0.2,
+    cycle_requests: float = 40.0,
 ) -> list[float]:
     """Send times for ``n`` requests at mean ``rate`` per second.
 
-    Poisson: exponential gaps. Bursty: a two-state modulated Poisson process that spends
-    ``burst_share`` of its time at ``burst_factor`` times the quiet rate, with the same mean rate.
+    Poisson: exponential gaps. Bursty: a two-state Markov-modulated Poisson process that spends
+    ``burst_share`` of its time at ``burst_factor`` times the quiet rate, with the same mean rate;
+    one quiet-plus-burst cycle lasts about ``cycle_requests`` requests.
     """
     if rate <= 0 or n < 0:
         raise TraceInvalid(f"rate must be > 0 and n >= 0, got rate={rate}, n={n}", fix="Give a positive rate.")
     if arrivals == "poisson":
-        rates = [rate] * n
-    else:
-        quiet = rate / (1 - burst_share + burst_share * burst_factor)
-        rates, in_burst = [], False
-        for _ in range(n):
-            if rng.random() < 0.05:  # switch state every ~20 requests on average
-                in_burst = rng.random() < burst_share
-            rates.append(quiet * burst_factor if in_burst else quiet)
+        return _poisson(rng, n, rate)
+    quiet = rate / (1 - burst_share + burst_share * burst_factor)
+    cycle_s = cycle_requests / rate
+    mean_stay = {False: cycle_s * (1 - burst_share), True: cycle_s * burst_share}
+    offsets: list[float] = []
+    clock, in_burst = 0.0, False
+    stay = rng.expovariate(1 / mean_stay[in_burst])
+    while len(offsets) < n:
+        gap = rng.expovariate(quiet * burst_factor if in_burst else quiet)
+        if gap < stay:  # memoryless: a gap cut short by a state switch is simply redrawn
+            clock, stay = clock + gap, stay - gap
+            offsets.append(round(clock, 6))
+        else:
+            clock, in_burst = clock + stay, not in_burst
+            stay = rng.expovariate(1 / mean_stay[in_burst])
+    return offsets
+
+
+def _poisson(rng: random.Random, n: int, rate: float) -> list[float]:
     offsets, clock = [], 0.0
-    for r in rates:
-        clock += rng.expovariate(r)
+    for _ in range(n):
+        clock += rng.expovariate(rate)
         offsets.append(round(clock, 6))
     return offsets
 

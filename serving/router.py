@@ -203,7 +203,7 @@ class Router:
             self._fail(call, "timeout", 504, "the request's deadline passed")
         except asyncio.CancelledError:
             relay = call.relay
-            if relay is not None and relay.started and relay.finished.done() and relay.error is None:
+            if relay is not None and relay.started and relay.complete:
                 self._finish(call, _outcome(relay.status), "")  # complete: the caller left afterwards
             else:
                 self._finish(call, "cancelled", "the caller disconnected")

@@ -86,6 +86,11 @@ class Relay:
         if not self.finished.done():
             self.finished.set_result(None)
 
+    @property
+    def complete(self) -> bool:
+        """The whole response arrived (a cancelled wait leaves this False)."""
+        return self.last_s is not None and self.error is None
+
     def body(self) -> bytes:
         """Everything received so far."""
         return b"".join(self.parts)

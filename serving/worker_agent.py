@@ -17,8 +17,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from manifests.errors import RevgateError
-from serving.engine import Device, EngineError, EngineProcess, engine_command, engine_env, free_port, port_is_open
-from serving.worker_artifact import PreparedArtifact, prepare_artifact
+from serving.engine import (
+    Device,
+    EngineError,
+    EngineProcess,
+    engine_command,
+    engine_env,
+    free_port,
+    port_is_open,
+)
+from serving.engine import engine_python as default_engine_python
+from serving.worker_artifact import ArtifactPreparer, PreparedArtifact
 from serving.worker_drain import Admission
 from serving.worker_proxy import ReplicaProxy
 from serving.worker_request import ReplicaRequest
@@ -104,14 +113,16 @@ class WorkerAgent:
         engine_python: Path | None = None,
         host: str = "127.0.0.1",
         startup_timeout_s: float = 300.0,
-        preparer: Preparer = prepare_artifact,
+        preparer: Preparer | None = None,
     ) -> None:
         self.cache = cache
         self.device = device
         self.engine_python = engine_python
         self.host = host
         self.startup_timeout_s = startup_timeout_s
-        self.preparer = preparer
+        python = engine_python or default_engine_python()
+        # The engine environment is <venv>/bin/python; its lock names the runtime this host offers.
+        self.preparer = preparer or ArtifactPreparer(engine_venv=python.parent.parent, device=device)
         self._replicas: dict[str, Replica] = {}
         self._running: dict[str, _Running] = {}
         self._ids = itertools.count(1)

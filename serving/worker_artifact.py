@@ -1,26 +1,40 @@
 """Fetch a pinned artifact into the host cache and verify the exact bytes that will be loaded.
 
 The digest check happens where the load happens: every start re-hashes the cached files (a cache
-hit skips only the download), checks the signature against the request's policy and the
-revision's compatibility with this host's engine. A cache entry that fails is moved to
-``quarantine/`` so the next start fetches it afresh, and nothing is started from it.
+hit skips only the download), checks the signature against the request's policy, the revision's
+runtime against this host's engine, and the artifact's compatibility with the execution config.
+A cache entry that fails is moved to ``quarantine/`` so the next start fetches it afresh, and
+nothing is started from it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from manifests.errors import RevgateError
-from serving.worker_request import ReplicaRequest
+from registry.compat import CPU_ENGINE, EngineCapabilities, check_compatibility
+from registry.errors import VerificationError
+from registry.runtime import engine_runtime
+from registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy, Policy
+from registry.store import open_store
+from registry.verify import verify_artifact
+from serving.engine import Device
+from serving.worker_request import ReplicaRequest, SignaturePolicySpec
+
+# GPU vLLM's attention kernels take any head size that is a multiple of 8 up to 256, and more
+# quantization kernels than the CPU build.
+GPU_ENGINE = EngineCapabilities(
+    head_sizes=frozenset(range(32, 257, 8)),
+    quantization=frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "fp8", "bitsandbytes"}),
+)
 
 
-class ArtifactMismatch(RevgateError):
-    """The store returned a manifest other than the pinned one."""
+class ArtifactRefused(RevgateError):
+    """The worker will not load this artifact (no signature published, wrong runtime, store mismatch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,48 +48,68 @@ class PreparedArtifact:
     fetched: bool  # False on a cache hit
 
 
+def trust_policy(spec: SignaturePolicySpec) -> Policy:
+    """The registry's verification policy for a policy spec."""
+    if spec.kind == "key" and spec.public_key is not None:
+        return KeyPolicy(Path(spec.public_key))
+    if spec.kind == "certificate":
+        return CertificatePolicy(tuple(Path(path) for path in spec.chain))
+    return IdentityPolicy(identity=spec.identity or "", issuer=spec.issuer or "")
+
+
 def cache_paths(cache: Path, manifest_digest: str) -> tuple[Path, Path]:
     """Where a manifest's files and signature live in the host cache."""
     name = manifest_digest.removeprefix("sha256:")
     return cache / "artifacts" / name, cache / "signatures" / f"{name}.sig"
 
 
-def fetch(request: ReplicaRequest, cache: Path) -> tuple[Path, Path, bool]:
-    """Pull the pinned artifact and its signature into the cache unless present; atomic per entry."""
-    from registry.store import open_store  # the S3 client loads only when a worker fetches
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
+
+def fetch(request: ReplicaRequest, cache: Path) -> tuple[Path, Path, bool]:
+    """Pull the pinned artifact and its signature into the cache unless present; each lands whole or not at all."""
     digest = request.manifest_digest
     model_dir, signature_path = cache_paths(cache, digest)
     if model_dir.is_dir() and signature_path.is_file():
         return model_dir, signature_path, False
     store = open_store(request.store)
-    partial = model_dir.with_name(f".{model_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    manifest = store.pull(digest, partial)
-    if manifest.digest != digest:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise ArtifactMismatch(
-            f"the store returned manifest {manifest.digest}, not the pinned {digest}",
-            where=request.store,
-            fix="The store is inconsistent; re-publish the artifact and pin its digest again.",
-        )
-    signature_path.parent.mkdir(parents=True, exist_ok=True)
-    signature_tmp = signature_path.with_name(f".{signature_path.name}.partial-{os.getpid()}")
-    signature_tmp.write_bytes(store.get_signature(digest))
-    shutil.rmtree(model_dir, ignore_errors=True)
-    os.replace(partial, model_dir)
-    os.replace(signature_tmp, signature_path)
+    signature = store.get_signature(digest)
+    if signature is None:
+        raise ArtifactRefused("no signature is published for the pinned artifact", where=request.store,
+                              fix="Sign the artifact and push the signature; unsigned artifacts are never loaded.")
+    if not model_dir.is_dir():
+        manifest = store.pull(digest, model_dir)  # the store stages and renames: never a partial folder
+        if manifest.digest != digest:
+            raise ArtifactRefused(f"the store returned manifest {manifest.digest}, not the pinned {digest}",
+                                  where=request.store, fix="The store is inconsistent; re-publish the artifact.")
+    _write_atomically(signature_path, signature)
     return model_dir, signature_path, True
 
 
-def verify(request: ReplicaRequest, model_dir: Path, signature_path: Path) -> None:
-    """Re-hash the files to be loaded, check the signature against the policy and the compatibility."""
-    from registry.compat import check_compatibility
-    from registry.verify import policy_from_dict, verify_artifact
+def check_runtime(request: ReplicaRequest, engine_venv: Path) -> None:
+    """Refuse a revision pinned to another engine build than this host's (the runtime ``e`` is identity)."""
+    host = engine_runtime(engine_venv)
+    if host.digest != request.revision.runtime.digest:
+        pinned = request.revision.runtime
+        raise ArtifactRefused(
+            f"the revision pins runtime {pinned.engine_distribution} {pinned.engine_version} "
+            f"(lock {pinned.lock_digest[:19]}), this worker runs {host.engine_distribution} {host.engine_version} "
+            f"(lock {host.lock_digest[:19]})",
+            where=str(engine_venv),
+            fix="Start the revision on a worker with its engine build, or make a revision for this runtime.",
+        )
 
-    policy = policy_from_dict(request.signature_policy)
-    verify_artifact(model_dir, request.revision.artifact, signature_path, policy)
-    check_compatibility(request.revision, model_dir)
+
+def verify(request: ReplicaRequest, model_dir: Path, signature_path: Path, engine: EngineCapabilities) -> None:
+    """Re-hash the files to be loaded, check the signature against the policy, and the compatibility."""
+    revision = request.revision
+    verify_artifact(model_dir, revision.artifact, signature_path, trust_policy(request.signature_policy))
+    check_compatibility(model_dir, revision.artifact, revision.execution, revision.interface, revision.adapter,
+                        engine=engine)
 
 
 def quarantine(cache: Path, model_dir: Path, signature_path: Path) -> Path:
@@ -89,16 +123,26 @@ def quarantine(cache: Path, model_dir: Path, signature_path: Path) -> Path:
     return target
 
 
-def prepare_artifact(request: ReplicaRequest, cache: Path) -> PreparedArtifact:
-    """Fetch (or reuse) and verify the pinned artifact; a failure quarantines the entry and re-raises."""
-    started = time.monotonic()
-    model_dir, signature_path, fetched = fetch(request, cache)
-    fetched_at = time.monotonic()
-    try:
-        verify(request, model_dir, signature_path)
-    except RevgateError as error:
-        where = quarantine(cache, model_dir, signature_path)
-        # Same typed error, its explanation extended by where the evidence went.
-        error.args = (f"{error} The cache entry was moved to {where}; the next start fetches it again.",)
-        raise
-    return PreparedArtifact(model_dir, signature_path, fetched_at - started, time.monotonic() - fetched_at, fetched)
+@dataclass(frozen=True)
+class ArtifactPreparer:
+    """Fetch and verify for one host: its engine environment and device decide runtime and capabilities."""
+
+    engine_venv: Path
+    device: Device = "cpu"
+
+    def __call__(self, request: ReplicaRequest, cache: Path) -> PreparedArtifact:
+        """Fetch (or reuse) and verify the pinned artifact; a failed check quarantines the entry and re-raises."""
+        started = time.monotonic()
+        request.warm.check_fits(request.revision.execution.max_model_len, where="ReplicaRequest.warm")
+        check_runtime(request, self.engine_venv)
+        model_dir, signature_path, fetched = fetch(request, cache)
+        fetched_at = time.monotonic()
+        try:
+            verify(request, model_dir, signature_path, CPU_ENGINE if self.device == "cpu" else GPU_ENGINE)
+        except VerificationError as error:  # tampered or unproven bytes; an incompatibility is not the cache's fault
+            where = quarantine(cache, model_dir, signature_path)
+            # The same typed error, its explanation extended by where the evidence went.
+            error.args = (f"{error} The cache entry was moved to {where}; the next start fetches it again.",)
+            raise
+        return PreparedArtifact(model_dir, signature_path, fetched_at - started, time.monotonic() - fetched_at,
+                                fetched)

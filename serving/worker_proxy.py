@@ -120,6 +120,8 @@ class ReplicaProxy:
             await self._admitted(head, reader, writer)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            pass  # a drain cancelled this request; the caller already has the reason (or a cut stream)
         except BadRequest as error:
             writer.write(error_response(400, "Bad Request", str(error), self.revision))
         finally:

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from manifests.document import API_VERSION, Document
 from manifests.revision import ServiceRevision
 from manifests.worker import WarmProfile
+
+
+class SignaturePolicySpec(Document):
+    """Who must have signed the artifact, as data: a public key, a CA chain, or a keyless identity.
+
+    Key and certificate paths name files on the worker host (trust anchors are provisioned per
+    host, never shipped with the request).
+    """
+
+    kind: Literal["key", "certificate", "identity"]
+    public_key: str | None = None
+    chain: tuple[str, ...] = ()
+    identity: str | None = None
+    issuer: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self) -> SignaturePolicySpec:
+        needed = {"key": self.public_key, "certificate": self.chain, "identity": self.identity and self.issuer}
+        if not needed[self.kind]:
+            wanted = {"key": "public_key", "certificate": "chain", "identity": "identity and issuer"}[self.kind]
+            raise ValueError(f"a {self.kind} policy needs {wanted}")
+        return self
 
 
 class ReplicaRequest(Document):
@@ -22,7 +44,7 @@ class ReplicaRequest(Document):
     api_version: Literal["revgate/v1"] = API_VERSION
     revision: ServiceRevision
     store: str
-    signature_policy: dict[str, Any]
+    signature_policy: SignaturePolicySpec
     warm: WarmProfile = WarmProfile()
 
     @field_validator("store")

@@ -25,13 +25,14 @@ import torch
 from evaluation import reference_task
 from manifests.artifact import ArtifactManifest
 from manifests.errors import RevgateError
-from zoo import artifact, files, recipe, tokenizer, train
+from registry.build import build_manifest
+from zoo import files, recipe, tokenizer, train
 from zoo.recipe import RevisionSpec, ZooConfig
 
 INDEX_FILE = "zoo.json"
 MODELS_DIR = "models"
 MANIFESTS_DIR = "manifests"
-_SOURCES = (artifact, files, recipe, tokenizer, train, reference_task)
+_SOURCES = (files, recipe, tokenizer, train, reference_task)
 
 Weights = dict[str, torch.Tensor]
 
@@ -102,10 +103,15 @@ def reusable_index(out_dir: Path, key: str) -> dict[str, ZooRevision] | None:
     revisions = load_revisions(out_dir)
     for revision in revisions.values():
         manifest = ArtifactManifest.from_json((out_dir / MANIFESTS_DIR / f"{revision.name}.json").read_bytes())
-        rebuilt = artifact.manifest_of(out_dir / revision.path, revision.base_artifact)
+        rebuilt = manifest_of(out_dir / revision.path, revision.base_artifact)
         if rebuilt.digest != manifest.digest or manifest.digest != revision.artifact_digest:
             return None
     return revisions
+
+
+def manifest_of(folder: Path, base_artifact: str | None = None) -> ArtifactManifest:
+    """The artifact manifest of a zoo folder (adapter files bind to ``base_artifact``)."""
+    return build_manifest(folder, base_artifact=base_artifact, workers=1)
 
 
 def _build(staging: Path, config: ZooConfig, key: str, log: Callable[[str], None]) -> dict[str, ZooRevision]:
@@ -138,7 +144,7 @@ def _make_revision(
         template = tokenizer.CHANGED_CHAT_TEMPLATE if spec.kind == "retemplated" else tokenizer.CHAT_TEMPLATE
         model_config = train.llama_config(config.architecture, layers).to_dict()
         files.write_model(folder, weights[spec.name], model_config, template, config.architecture.max_positions)
-    manifest = artifact.manifest_of(folder, base_artifact)
+    manifest = manifest_of(folder, base_artifact)
     (staging / MANIFESTS_DIR).mkdir(exist_ok=True)
     (staging / MANIFESTS_DIR / f"{spec.name}.json").write_bytes(manifest.canonical() + b"\n")
     return ZooRevision(

@@ -14,7 +14,6 @@ from zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, special_tokens_map, tokenizer_
 WEIGHTS_FILE = "model.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 def json_bytes(data: Any) -> bytes:
@@ -33,7 +32,6 @@ def write_model(
     (folder / "tokenizer.json").write_bytes(tokenizer_json())
     (folder / "tokenizer_config.json").write_bytes(json_bytes(tokenizer_config(chat_template, max_length)))
     (folder / "special_tokens_map.json").write_bytes(json_bytes(special_tokens_map()))
-    (folder / CHAT_TEMPLATE_FILE).write_text(chat_template + "\n", encoding="utf-8")
 
 
 def write_adapter(folder: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:

@@ -181,7 +181,7 @@ def _sse_events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
 
 
 def latency_records(
-    url: str, model: str, revision: str, prompts: Sequence[Example], max_tokens: int, concurrency: int
+    url: str, model: str, revision: str, prompts: Sequence[Example], *, max_tokens: int, concurrency: int
 ) -> tuple[list[RequestRecord], float]:
     """Streamed requests at a fixed concurrency: per-request TTFT/TPOT records and the wall time."""
 

@@ -73,7 +73,9 @@ class Upstream:
             return JSONResponse({"error": {"message": "draining"}}, status_code=503)
         chat = request.url.path.endswith("chat/completions")
         tokens = int(body.get("max_tokens") or 4)
-        delay = int(request.headers.get("x-test-token-delay-ms", "0")) / 1000
+        # The test asks for slow tokens in the OpenAI "user" field, which every proxy passes through.
+        user = str(body.get("user") or "")
+        delay = int(user.removeprefix("delay-ms:")) / 1000 if user.startswith("delay-ms:") else 0.0
         if body.get("stream"):
             return StreamingResponse(self._stream(chat, tokens, delay), media_type="text/event-stream")
         await asyncio.sleep(delay * tokens)

@@ -30,7 +30,9 @@ class Chain:
     leaf_key: Path
 
 
-def write_key(folder: Path, name: str, curve: ec.EllipticCurve | None = None) -> tuple[KeyPair, ec.EllipticCurvePrivateKey]:
+def write_key(
+    folder: Path, name: str, curve: ec.EllipticCurve | None = None
+) -> tuple[KeyPair, ec.EllipticCurvePrivateKey]:
     """A new EC private key and its public key as PEM files."""
     key = ec.generate_private_key(curve or ec.SECP256R1())
     folder.mkdir(parents=True, exist_ok=True)

@@ -91,13 +91,13 @@ def test_byte_flipped(signed: Signed) -> None:
 
 def test_file_added(signed: Signed) -> None:
     (signed.model / "extra.py").write_text("import os")
-    with pytest.raises(UnexpectedFile, match="extra.py"):
+    with pytest.raises(UnexpectedFile, match=r"extra\.py"):
         _verify(signed)
 
 
 def test_file_removed(signed: Signed) -> None:
     (signed.model / "tokenizer.json").unlink()
-    with pytest.raises(MissingFile, match="tokenizer.json"):
+    with pytest.raises(MissingFile, match=r"tokenizer\.json"):
         _verify(signed)
 
 

@@ -80,9 +80,8 @@ def test_streams_in_flight_finish_on_the_revision_they_started_with(router: Rout
     started: list[str] = []
 
     def stream() -> None:
-        body = {"model": ROUTE, "prompt": "hi", "max_tokens": 12, "stream": True}
-        with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=20,
-                          headers={"x-test-token-delay-ms": "100"}) as response:
+        body = {"model": ROUTE, "prompt": "hi", "max_tokens": 12, "stream": True, "user": "delay-ms:100"}
+        with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=20) as response:
             started.append(response.headers["x-revgate-generation"])
             text = "".join(response.iter_text())
             results.append((response.headers["x-revgate-generation"], response.headers["x-revgate-revision"], text))
@@ -163,21 +162,29 @@ def test_corrupt_snapshot_in_the_store_is_ignored_and_the_last_good_one_kept(rou
 
 def test_retry_before_first_byte_stays_on_the_pinned_revision(router: RouterProcess, farm: UpstreamFarm) -> None:
     router.commit(stable_a(farm))
-    farm["a1"].fail_next = farm["a2"].fail_next = 1  # whichever replica is tried first refuses once
-    response = complete(router, **{"x-request-id": "retried"})
-    assert response.status_code == 200 and response.headers["x-revgate-revision"] == fingerprint("a")
-    attempts = [record for record in records(router) if record.request_id == "retried"]
-    assert [(record.attempt, record.outcome) for record in attempts] == [(1, "error"), (2, "ok")]
-    assert attempts[0].endpoint != attempts[1].endpoint
-    farm["a1"].fail_next = farm["a2"].fail_next = 0
+    farm["a1"].fail_next = 1000  # replica a1 is draining: it refuses everything with 503
+    try:
+        # Round robin: one of two requests is tried on a1 first and must be retried on a2.
+        for name in ("retried-0", "retried-1"):
+            response = complete(router, **{"x-request-id": name})
+            assert response.status_code == 200 and response.headers["x-revgate-revision"] == fingerprint("a")
+            assert "a2-0" in response.text
+    finally:
+        farm["a1"].fail_next = 0
+    attempts = [record for record in records(router) if record.request_id.startswith("retried-")]
+    retried = [record for record in attempts if record.attempt == 2]
+    assert len(retried) == 1
+    first = next(record for record in attempts if record.request_id == retried[0].request_id and record.attempt == 1)
+    assert (first.outcome, first.status_code, retried[0].outcome) == ("error", 503, "ok")
+    assert first.endpoint == farm["a1"].url and retried[0].endpoint == farm["a2"].url
 
 
 def test_caller_disconnect_cancels_the_upstream_stream(router: RouterProcess, farm: UpstreamFarm) -> None:
     router.commit(stable_a(farm))
     before = farm["a1"].cancelled + farm["a2"].cancelled
-    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 200, "stream": True}
+    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 200, "stream": True, "user": "delay-ms:50"}
     with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=20,
-                      headers={"x-test-token-delay-ms": "50", "x-request-id": "walked-away"}) as response:
+                      headers={"x-request-id": "walked-away"}) as response:
         next(response.iter_raw())
     wait_until(lambda: farm["a1"].cancelled + farm["a2"].cancelled == before + 1)
     outcome = [record.outcome for record in records(router) if record.request_id == "walked-away"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -23,7 +24,7 @@ def test_one_look_is_the_fixed_horizon_test() -> None:
 def test_boundaries_fall_towards_the_horizon_and_early_looks_spend_almost_nothing() -> None:
     bounds = sequential.spending_boundary(0.05 / 12, sequential.look_fractions(2000, 100))
     finite = [b for b in bounds if math.isfinite(b)]
-    assert all(a > b for a, b in zip(finite, finite[1:], strict=False))
+    assert all(a > b for a, b in itertools.pairwise(finite))
     assert bounds[0] > 8 and bounds[-1] < 2.9
 
 

@@ -36,6 +36,7 @@ from serving.worker_state import (
 from serving.worker_warm import WarmResult, WarmupFailed, capacity_of, check_results, parse_response, warm_prompt
 
 S = ReplicaState
+POLICY = {"kind": "key", "public_key": "/etc/revgate/signer.pub"}
 
 
 def revision(execution: ExecutionConfig | None = None) -> ServiceRevision:
@@ -239,7 +240,7 @@ def test_capacity_counts_only_ready_replicas_and_lists_the_rest() -> None:
 
 
 def test_served_model_name_carries_the_revision_fingerprint() -> None:
-    request = ReplicaRequest.build(revision=revision(), store="/tmp/store", signature_policy={})
+    request = ReplicaRequest.build(revision=revision(), store="/tmp/store", signature_policy=POLICY)
     assert served_model_name(request) == f"tiny@{request.revision.short}"
     assert request.manifest_digest == request.revision.artifact.digest
 
@@ -248,7 +249,7 @@ def test_a_gpu_worker_starts_gpu_vllm_with_the_execution_settings(tmp_path: Path
     execution = ExecutionConfig.build(
         tensor_parallel_size=2, gpu_memory_utilization=Decimal("0.85"), max_model_len=4096, dtype="bfloat16"
     )
-    request = ReplicaRequest.build(revision=revision(execution), store="s3://b/p", signature_policy={})
+    request = ReplicaRequest.build(revision=revision(execution), store="s3://b/p", signature_policy=POLICY)
     agent = WorkerAgent(tmp_path, device="cuda", engine_python=Path("/opt/gpu-engine/bin/python"))
     engine = agent.engine_for(request, tmp_path / "model", tmp_path / "log")
     command = engine.command
@@ -263,6 +264,6 @@ def test_a_gpu_worker_starts_gpu_vllm_with_the_execution_settings(tmp_path: Path
     assert flag("--served-model-name") == f"tiny@{request.revision.short}"
     assert "--distributed-executor-backend" not in command  # the CPU-only single-process setting
     assert "VLLM_TARGET_DEVICE" not in engine.env
-    cpu_request = ReplicaRequest.build(revision=revision(), store="s", signature_policy={})
+    cpu_request = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY)
     cpu = WorkerAgent(tmp_path, device="cpu").engine_for(cpu_request, tmp_path / "model", tmp_path / "log")
     assert cpu.env["VLLM_TARGET_DEVICE"] == "cpu" and "--kv-cache-memory-bytes" in cpu.command

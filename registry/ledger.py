@@ -1,0 +1,115 @@
+"""The MLflow evidence ledger: what was pinned, verified, measured, decided, approved and routed.
+
+One MLflow run per promotion attempt holds the evidence as canonical JSON artifacts, each tagged
+with its digest, so an auditor can check a document against the digest a decision named. The
+candidate is registered as a model version whose aliases (``stable``, ``candidate``) move with the
+route; MLflow keeps no alias history, so every move is also recorded as a registered-model tag.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from manifests.document import Document
+from manifests.errors import RevgateError
+
+
+class LedgerUnavailable(RevgateError):
+    """The MLflow tracking store could not be reached or written."""
+
+
+def sqlite_uri(path: Path) -> str:
+    """The tracking URI of a local SQLite store (the embedded default)."""
+    return f"sqlite:///{path.resolve()}"
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRun:
+    """An open evidence run: its id and the experiment it belongs to."""
+
+    run_id: str
+    experiment_id: str
+
+
+class EvidenceLedger:
+    """Writes evidence to MLflow through its client API (no global ``mlflow`` state)."""
+
+    def __init__(self, tracking_uri: str, artifact_root: Path) -> None:
+        from mlflow.tracking import MlflowClient  # heavy: imported only where evidence is written
+
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.artifact_root = artifact_root
+
+    def open_run(self, route: str, candidate: str, tags: Mapping[str, str] | None = None) -> EvidenceRun:
+        """Start the evidence run of one promotion attempt of ``candidate`` on ``route``."""
+        name = f"revgate/{route}"
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else self.client.create_experiment(name, artifact_location=(self.artifact_root / route).resolve().as_uri())
+        )
+        all_tags = {"revgate.route": route, "revgate.candidate": candidate, **(tags or {})}
+        run = self.client.create_run(experiment_id, tags=all_tags, run_name=f"promote {candidate[7:19]}")
+        return EvidenceRun(run.info.run_id, experiment_id)
+
+    def log_document(self, run: EvidenceRun, name: str, document: Document) -> str:
+        """Log ``document`` as canonical JSON under ``evidence/NAME.json``; tag and return its digest."""
+        self.client.log_text(run.run_id, document.canonical().decode(), f"evidence/{name}.json")
+        self.client.set_tag(run.run_id, f"revgate.digest.{name}", document.digest)
+        return document.digest
+
+    def log_json(self, run: EvidenceRun, name: str, data: Any) -> None:
+        """Log plain JSON evidence (records summaries, step logs) under ``evidence/NAME.json``."""
+        text = json.dumps(data, indent=2, sort_keys=True, default=str)
+        self.client.log_text(run.run_id, text, f"evidence/{name}.json")
+
+    def log_file(self, run: EvidenceRun, path: Path, folder: str = "evidence") -> None:
+        """Attach a file (a plot, a records file) to the run."""
+        self.client.log_artifact(run.run_id, str(path), folder)
+
+    def log_step(self, run: EvidenceRun, step: str, outcome: str, metrics: Mapping[str, float] | None = None) -> None:
+        """Record that a promotion step ended with ``outcome`` (a tag per step, metrics alongside)."""
+        self.client.set_tag(run.run_id, f"revgate.step.{step}", outcome)
+        for key, value in (metrics or {}).items():
+            self.client.log_metric(run.run_id, f"{step}.{key}", value)
+
+    def close(self, run: EvidenceRun, decision: str) -> None:
+        """End the run with the promotion's decision (promoted, rolled_back, paused, failed)."""
+        self.client.set_tag(run.run_id, "revgate.decision", decision)
+        status = "FINISHED" if decision in ("promoted", "rolled_back") else "FAILED"
+        self.client.set_terminated(run.run_id, status=status)
+
+    def register_version(self, run: EvidenceRun, model: str, fingerprint: str) -> str:
+        """Register the candidate as a version of ``model`` whose source is this run's evidence."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(model)
+        except MlflowException as error:
+            if "already exists" not in str(error).lower():
+                raise LedgerUnavailable(f"cannot create registered model: {error}", where=model) from None
+        source = f"{self.client.get_run(run.run_id).info.artifact_uri}/evidence"
+        version = self.client.create_model_version(
+            model, source=source, run_id=run.run_id, tags={"revgate.fingerprint": fingerprint}
+        )
+        return str(version.version)
+
+    def move_alias(self, model: str, alias: str, version: str, *, by: str, generation: int) -> None:
+        """Point ``alias`` at ``version`` and append the move to the model's own alias history."""
+        self.client.set_registered_model_alias(model, alias, version)
+        sequence = len(self.alias_history(model))  # tag keys allow no ':' or '+', so no timestamps
+        entry = {"alias": alias, "version": version, "by": by, "route_generation": generation,
+                 "at": datetime.now(UTC).isoformat(), "sequence": sequence}
+        self.client.set_registered_model_tag(model, f"revgate.alias-history.{sequence:06d}", json.dumps(entry))
+
+    def alias_history(self, model: str) -> list[dict[str, Any]]:
+        """Every alias move recorded by :meth:`move_alias`, oldest first."""
+        tags = self.client.get_registered_model(model).tags
+        moves = [json.loads(value) for key, value in tags.items() if key.startswith("revgate.alias-history.")]
+        return sorted(moves, key=lambda move: int(move["sequence"]))

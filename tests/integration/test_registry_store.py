@@ -1,0 +1,132 @@
+"""Write-once, content-addressed stores: the local folder and S3 (a real moto S3 server)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from manifests.artifact import ArtifactManifest
+from registry.build import build_manifest
+from registry.errors import DigestMismatch, ObjectExists, ObjectMissing, StoreError, UnexpectedFile
+from registry.store import ArtifactStore, blob_key, manifest_key, open_store
+
+
+def _model(folder: Path, big: int = 0) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"hidden_size": 128}')
+    (folder / "sub").mkdir()
+    (folder / "sub" / "model.safetensors").write_bytes(os.urandom(200_000))
+    if big:
+        (folder / "big.safetensors").write_bytes(os.urandom(big))
+    return folder
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ArtifactStore]:
+    if request.param == "local":
+        yield open_store(str(tmp_path / "store"))
+        return
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = f"artifacts-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    # A small multipart threshold so the multipart path runs on test-sized files (S3's minimum part is 5 MiB).
+    yield open_store(f"s3://{bucket}/team/models", endpoint_url=endpoint,
+                     multipart_threshold=5 * 1024 * 1024, part_bytes=5 * 1024 * 1024)
+
+
+pytestmark = pytest.mark.servers
+
+
+def _push(store: ArtifactStore, model: Path, signature: Path | None = None) -> tuple[str, ArtifactManifest]:
+    manifest = build_manifest(model)
+    return store.push(model, manifest, signature), manifest
+
+
+def test_push_then_pull_gives_identical_verified_files(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model", big=11 * 1024 * 1024)
+    digest, manifest = _push(store, model)
+    assert digest == manifest.digest
+    assert store.get_manifest(digest) == manifest
+    pulled = store.pull(digest, tmp_path / "cache" / "a")
+    assert pulled == manifest
+    for entry in manifest.entries:
+        assert (tmp_path / "cache" / "a" / entry.path).read_bytes() == (model / entry.path).read_bytes()
+    assert build_manifest(tmp_path / "cache" / "a") == manifest
+
+
+def test_push_is_idempotent_and_objects_are_never_overwritten(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    digest, manifest = _push(store, model)
+    assert store.push(model, manifest) == digest
+    key = blob_key(manifest.entries[0].sha256)
+    assert store.backend.put_bytes(key, b"replacement") is False
+    assert store.backend.get_bytes(key) == (model / manifest.entries[0].path).read_bytes()
+
+
+def test_a_different_signature_is_not_published_over_the_first(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    first, second = tmp_path / "a.sig", tmp_path / "b.sig"
+    first.write_text('{"first": true}')
+    second.write_text('{"second": true}')
+    digest, manifest = _push(store, model, first)
+    assert store.push(model, manifest, first) == digest
+    with pytest.raises(ObjectExists):
+        store.push(model, manifest, second)
+    assert store.get_signature(digest) == first.read_bytes()
+
+
+def test_push_refuses_a_folder_that_differs_from_its_manifest(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    manifest = build_manifest(model)
+    (model / "stray.txt").write_text("x")
+    with pytest.raises(UnexpectedFile):
+        store.push(model, manifest)
+    with pytest.raises(ObjectMissing):
+        store.get_manifest(manifest.digest)
+
+
+def test_corrupt_blob_never_appears_under_the_final_name(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    manifest = build_manifest(model)
+    corrupt = bytearray((model / "sub" / "model.safetensors").read_bytes())
+    corrupt[-1] ^= 0xFF
+    # Plant a corrupt object under the blob's content address, as a broken disk or bad actor would.
+    store.backend.put_bytes(blob_key(manifest.by_path()["sub/model.safetensors"].sha256), bytes(corrupt))
+    store.push(model, manifest)
+    dest = tmp_path / "cache" / "m"
+    with pytest.raises(DigestMismatch, match=r"sub/model\.safetensors"):
+        store.pull(manifest.digest, dest)
+    assert not dest.exists()
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_manifest_bytes_are_checked_against_the_digest(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    manifest = build_manifest(model)
+    other = build_manifest(_model(tmp_path / "other"))
+    store.backend.put_bytes(manifest_key(manifest.digest), other.canonical())
+    with pytest.raises(DigestMismatch):
+        store.get_manifest(manifest.digest)
+
+
+def test_pull_of_unknown_digest_or_into_existing_folder(store: ArtifactStore, tmp_path: Path) -> None:
+    with pytest.raises(ObjectMissing):
+        store.pull("sha256:" + "12" * 32, tmp_path / "x")
+    digest, _ = _push(store, _model(tmp_path / "model"))
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(StoreError, match="already exists"):
+        store.pull(digest, tmp_path / "taken")
+    with pytest.raises(StoreError, match="not a manifest digest"):
+        store.get_manifest("latest")
+
+
+def test_store_urls() -> None:
+    with pytest.raises(StoreError, match="unsupported store scheme"):
+        open_store("ftp://host/x")
+    with pytest.raises(StoreError, match="malformed S3 URL"):
+        open_store("s3://UPPER/x")

@@ -1,0 +1,236 @@
+"""``revgate models eval``: serve each zoo revision with vLLM, grade it, time it, keep the records.
+
+Per revision, one real vLLM server (the adapter is served by its base's server with LoRA on):
+- quality: the balanced evaluation set as batched greedy completions, exact-match graded;
+- chat: a subset sent as chat messages, so the chat template is exercised;
+- latency: streamed completions of fixed length at a fixed concurrency (real TTFT and TPOT).
+Records go to ``ZOO/eval/<revision>.jsonl`` (quality), ``.chat.jsonl`` and ``.latency.jsonl``;
+the summary to ``ZOO/eval/summary.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evaluation.records import RequestRecord
+from evaluation.reference_task import MAX_ANSWER_CHARS, Example, accuracy_by_slice, balanced_examples, is_correct
+from manifests.revision import ExecutionConfig
+from serving.engine import LoraModule, serve
+from zoo.build import ZooRevision, load_revisions
+from zoo.files import json_bytes
+from zoo.measure import chat_records, latency_records, quality_records
+
+EVAL_SEED = 4242
+EVAL_DIR = "eval"
+QUALITY_MAX_TOKENS = MAX_ANSWER_CHARS + 2
+LATENCY_MAX_TOKENS = 16
+LATENCY_CONCURRENCY = 4
+LATENCY_REQUESTS = 64
+CHAT_PER_SLICE = 20
+# The zoo is served as it was trained: float32, eager, a short context, LoRA rank 8 available.
+ZOO_EXECUTION = ExecutionConfig.build(
+    dtype="float32", max_model_len=64, enforce_eager=True, enable_lora=True, max_lora_rank=8
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceAccuracy:
+    """Exact-match accuracy of one slice with its Wilson 95% interval."""
+
+    correct: int
+    total: int
+    low: float
+    high: float
+
+    @property
+    def accuracy(self) -> float:
+        """Share correct."""
+        return self.correct / self.total if self.total else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionReport:
+    """What ``models eval`` measured for one revision."""
+
+    revision: str
+    slices: dict[str, SliceAccuracy]
+    overall: SliceAccuracy
+    chat_accuracy: float
+    tokens_per_s: float
+    ttft_p50_ms: float
+    tpot_p50_ms: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95% for z = 1.96); (0, 1) when total is 0."""
+    if total == 0:
+        return 0.0, 1.0
+    share = correct / total
+    centre = (share + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def slice_accuracy(correct: int, total: int) -> SliceAccuracy:
+    """Counts with their Wilson interval."""
+    low, high = wilson(correct, total)
+    return SliceAccuracy(correct, total, low, high)
+
+
+def grade(records: Sequence[RequestRecord]) -> tuple[dict[str, SliceAccuracy], SliceAccuracy]:
+    """Per task slice and overall exact-match accuracy of graded records."""
+    graded = [
+        (f"{r.slices['family']}/{r.slices['length']}", is_correct(r.output_text, r.reference or "")) for r in records
+    ]
+    slices = {name: slice_accuracy(*counts) for name, counts in accuracy_by_slice(graded).items()}
+    correct = sum(ok for _, ok in graded)
+    return slices, slice_accuracy(correct, len(graded))
+
+
+def eval_set(per_slice: int, seed: int = EVAL_SEED) -> list[Example]:
+    """The balanced evaluation set."""
+    return balanced_examples(seed, per_slice)
+
+
+def subset(examples: Sequence[Example], per_slice: int) -> list[Example]:
+    """The first ``per_slice`` examples of each task slice."""
+    taken: dict[str, int] = {}
+    chosen = []
+    for example in examples:
+        if taken.get(example.task_slice, 0) < per_slice:
+            taken[example.task_slice] = taken.get(example.task_slice, 0) + 1
+            chosen.append(example)
+    return chosen
+
+
+def measure_served(url: str, model: str, revision: str, examples: Sequence[Example], out: Path) -> RevisionReport:
+    """Quality, chat and latency of one served model name; writes its record files under ``out``."""
+    quality = quality_records(url, model, revision, examples, QUALITY_MAX_TOKENS)
+    chats = chat_records(url, model, revision, subset(examples, CHAT_PER_SLICE), QUALITY_MAX_TOKENS)
+    prompts = [examples[i % len(examples)] for i in range(0, len(examples), max(1, len(examples) // LATENCY_REQUESTS))]
+    timed, wall = latency_records(
+        url, model, revision, prompts[:LATENCY_REQUESTS], max_tokens=LATENCY_MAX_TOKENS, concurrency=LATENCY_CONCURRENCY
+    )
+    for suffix, records in ((".jsonl", quality), (".chat.jsonl", chats), (".latency.jsonl", timed)):
+        write_records(out / f"{revision}{suffix}", records)
+    slices, overall = grade(quality)
+    _, chat_overall = grade(chats)
+    return RevisionReport(
+        revision=revision,
+        slices=slices,
+        overall=overall,
+        chat_accuracy=chat_overall.accuracy,
+        tokens_per_s=sum(r.output_tokens or 0 for r in timed) / wall,
+        ttft_p50_ms=1000 * statistics.median(r.ttft_s for r in timed if r.ttft_s is not None),
+        tpot_p50_ms=1000 * statistics.median(r.tpot_s for r in timed if r.tpot_s is not None),
+    )
+
+
+def write_records(path: Path, records: Sequence[RequestRecord]) -> None:
+    """JSON lines, written to a temporary name and renamed into place."""
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text("".join(record.to_json() + "\n" for record in records))
+    staging.replace(path)
+
+
+def read_records(path: Path) -> list[RequestRecord]:
+    """The records of one file written by :func:`write_records`."""
+    return [RequestRecord.from_json(line) for line in path.read_text().splitlines() if line]
+
+
+def evaluate_zoo(
+    zoo_dir: Path, per_slice: int, names: Sequence[str] = (), log: Callable[[str], None] = print
+) -> dict[str, RevisionReport]:
+    """Serve each full-model revision in turn (adapters ride on their base's server) and measure it."""
+    revisions = load_revisions(zoo_dir)
+    wanted = set(names or revisions)
+    examples = eval_set(per_slice)
+    out = zoo_dir / EVAL_DIR
+    out.mkdir(exist_ok=True)
+    reports: dict[str, RevisionReport] = {}
+    for revision in revisions.values():
+        adapters = [
+            r for r in revisions.values() if r.parent == revision.name and r.kind == "adapter" and r.name in wanted
+        ]
+        if revision.kind == "adapter" or (revision.name not in wanted and not adapters):
+            continue
+        reports |= _evaluate_server(zoo_dir, revision, adapters, examples, out=out, log=log)
+    write_summary(out / "summary.json", reports, per_slice)
+    return reports
+
+
+def _evaluate_server(
+    zoo_dir: Path,
+    revision: ZooRevision,
+    adapters: Sequence[ZooRevision],
+    examples: Sequence[Example],
+    *,
+    out: Path,
+    log: Callable[[str], None],
+) -> dict[str, RevisionReport]:
+    loras = [LoraModule(adapter.name, zoo_dir / adapter.path) for adapter in adapters]
+    reports = {}
+    engine = serve(
+        zoo_dir / revision.path,
+        ZOO_EXECUTION,
+        revision.name,
+        lora_modules=loras,
+        log_path=out / f"{revision.name}.engine.log",
+    )
+    with engine:
+        engine.wait_healthy()
+        for name in [revision.name, *(adapter.name for adapter in adapters)]:
+            reports[name] = measure_served(engine.url, name, name, examples, out)
+            log(format_report(reports[name]))
+    return reports
+
+
+def write_summary(path: Path, reports: dict[str, RevisionReport], per_slice: int) -> None:
+    """The measured table as JSON (rates as numbers: this is evidence, not a canonical document)."""
+    data = {"per_slice": per_slice, "eval_seed": EVAL_SEED, "revisions": {n: asdict(r) for n, r in reports.items()}}
+    staging = path.with_name(path.name + ".partial")
+    staging.write_bytes(json_bytes(data))
+    staging.replace(path)
+
+
+def format_report(report: RevisionReport) -> str:
+    """One line per revision: overall and per-slice accuracy with intervals, then speed."""
+
+    def pct(acc: SliceAccuracy) -> str:
+        return f"{100 * acc.accuracy:5.1f} [{100 * acc.low:4.1f}, {100 * acc.high:5.1f}]"
+
+    lines = [
+        f"{report.revision}: overall {pct(report.overall)}  chat {100 * report.chat_accuracy:5.1f}%  "
+        f"{report.tokens_per_s:6.0f} tok/s  TTFT p50 {report.ttft_p50_ms:5.1f} ms  "
+        f"TPOT p50 {report.tpot_p50_ms:5.1f} ms"
+    ]
+    lines += [f"    {name:<11} {pct(acc)}" for name, acc in report.slices.items()]
+    return "\n".join(lines)
+
+
+def markdown_table(reports: dict[str, RevisionReport]) -> str:
+    """The docs table: accuracy per slice with 95% intervals, chat accuracy, speed."""
+    slice_names = sorted({name for report in reports.values() for name in report.slices})
+    header = ["revision", "overall", *slice_names, "chat", "tok/s", "TTFT p50 ms", "TPOT p50 ms"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for report in reports.values():
+        cells = [report.revision, _cell(report.overall)]
+        cells += [_cell(report.slices[name]) for name in slice_names]
+        cells += [
+            f"{100 * report.chat_accuracy:.1f}",
+            f"{report.tokens_per_s:.0f}",
+            f"{report.ttft_p50_ms:.1f}",
+            f"{report.tpot_p50_ms:.2f}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _cell(acc: SliceAccuracy) -> str:
+    return f"{100 * acc.accuracy:.1f} [{100 * acc.low:.1f}, {100 * acc.high:.1f}]"
