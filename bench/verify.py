@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -79,14 +80,20 @@ def signed(folder: Path, keys: Path) -> tuple[ArtifactManifest, Path, KeyPolicy]
     return manifest, signature, KeyPolicy(keys / "bench.pub")
 
 
-def best_seconds(run: Callable[[], object], repeats: int) -> float:
-    """Fastest wall time of ``repeats`` runs."""
-    times = []
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def best_seconds(run: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Fastest wall time of ``repeats`` runs, and the least CPU time (this process plus tools it ran)."""
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_seconds()
         run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(_cpu_seconds() - cpu)
+    return min(walls), min(cpus)
 
 
 def tool(command: list[str]) -> Callable[[], object]:
@@ -115,7 +122,9 @@ def main() -> None:
     }
     for run in systems.values():  # warm-up: every system then reads from the page cache
         run()
-    seconds = {name: best_seconds(run, args.repeats) for name, run in systems.items()}
+    measured = {name: best_seconds(run, args.repeats) for name, run in systems.items()}
+    seconds = {name: wall for name, (wall, _) in measured.items()}
+    cpu = {name: used for name, (_, used) in measured.items()}
     gbps = {name: total / value / 1e9 for name, value in seconds.items()}
     fastest_tool = max(gbps["sha256sum"], gbps["openssl"])
     figures = {
@@ -126,16 +135,20 @@ def main() -> None:
         "verify_per_core_vs_fastest_tool": round(gbps["revgate_1_worker"] / fastest_tool, 3),
     }
     print(f"{total / 1e9:.2f} GB in {len(shards)} shards + config; best of {args.repeats} after a warm-up\n")
-    print(f"{'system':<20}{'seconds':>10}{'GB/s':>10}{'vs fastest tool':>18}")
+    print(f"{'system':<20}{'seconds':>10}{'GB/s':>10}{'vs fastest tool':>18}{'CPU s':>10}{'GB/CPU-s':>10}")
     for name in systems:
-        print(f"{name:<20}{seconds[name]:>10.3f}{gbps[name]:>10.3f}{gbps[name] / fastest_tool:>18.3f}")
+        print(f"{name:<20}{seconds[name]:>10.3f}{gbps[name]:>10.3f}{gbps[name] / fastest_tool:>18.3f}"
+              f"{cpu[name]:>10.3f}{total / cpu[name] / 1e9:>10.3f}")
     print()
     for name, value in figures.items():
         print(f"{name:<34}{value}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         **figures,
-        "systems": {name: {"seconds": round(seconds[name], 4), "gbps": round(gbps[name], 3)} for name in systems},
+        "systems": {name: {"seconds": round(seconds[name], 4), "gbps": round(gbps[name], 3),
+                           "cpu_seconds": round(cpu[name], 4), "gb_per_cpu_second": round(total / cpu[name] / 1e9, 3)}
+                    for name in systems},
+        "load_average_1min": round(os.getloadavg()[0], 2),
         "bytes": total,
         "files": len(shards) + 1,
         "repeats": args.repeats,

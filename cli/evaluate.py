@@ -67,7 +67,7 @@ def _mix(items: list[str]) -> dict[str, float]:
 
 def run_trace(args: argparse.Namespace) -> int:
     """Generate and write a trace."""
-    from evaluation.traces import generate_trace, write_trace  # noqa: PLC0415 - keep `revgate --help` fast
+    from evaluation.traces import generate_trace, write_trace
 
     entries = generate_trace(
         args.requests,
@@ -84,7 +84,7 @@ def run_trace(args: argparse.Namespace) -> int:
 
 
 def _served_model(target: str) -> str:
-    import urllib.request  # noqa: PLC0415 - keep `revgate --help` fast
+    import urllib.request
 
     try:
         with urllib.request.urlopen(target.rstrip("/") + "/models", timeout=10) as response:  # noqa: S310 - operator's URL
@@ -99,11 +99,11 @@ def _served_model(target: str) -> str:
 
 def run_replay(args: argparse.Namespace) -> int:
     """Replay open-loop with a progress bar, write records, print the summary."""
-    from tqdm import tqdm  # noqa: PLC0415 - keep `revgate --help` fast
+    from tqdm import tqdm
 
-    from evaluation.evidence import write_records  # noqa: PLC0415 - keep `revgate --help` fast
-    from evaluation.replay import replay  # noqa: PLC0415 - keep `revgate --help` fast
-    from evaluation.traces import read_trace  # noqa: PLC0415 - keep `revgate --help` fast
+    from evaluation.evidence import write_records
+    from evaluation.replay import replay
+    from evaluation.traces import read_trace
 
     entries = read_trace(args.trace)
     model = args.model or _served_model(args.target)
@@ -120,9 +120,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def print_summary(records: Any, lateness_s: Any, wall_s: float) -> None:
     """Outcome rates, latency quantiles and the generator's own lateness."""
-    import numpy as np  # noqa: PLC0415 - keep `revgate --help` fast
+    import numpy as np
 
-    from evaluation.metrics import summarize  # noqa: PLC0415 - keep `revgate --help` fast
+    from evaluation.metrics import summarize
 
     summary = summarize(records)
     late = np.asarray(lateness_s, dtype=float) * 1000.0
@@ -136,9 +136,9 @@ def print_summary(records: Any, lateness_s: Any, wall_s: float) -> None:
 
 def run_gate(args: argparse.Namespace) -> int:
     """Judge the records and print the report; exit 0 pass, 1 fail, 3 inconclusive."""
-    from evaluation import evidence as ev  # noqa: PLC0415 - keep `revgate --help` fast
-    from evaluation.gates import gates_from_policy, judge  # noqa: PLC0415 - keep `revgate --help` fast
-    from manifests.gates import GatePolicy  # noqa: PLC0415 - keep `revgate --help` fast
+    from evaluation import evidence as ev
+    from evaluation.gates import gates_from_policy, judge
+    from manifests.gates import GatePolicy
 
     try:
         policy = GatePolicy.from_json(args.policy.read_bytes(), source=str(args.policy))
@@ -179,8 +179,8 @@ def render_report(report: Any) -> str:
 
 def write_plots(evidence: Any, policy: Any, folder: Path) -> None:
     """Quality per slice, latency CDFs, and each slice's sequential statistic."""
-    from evaluation import plots  # noqa: PLC0415 - keep `revgate --help` fast
-    from evaluation.gates import scores_by_slice  # noqa: PLC0415 - keep `revgate --help` fast
+    from evaluation import plots
+    from evaluation.gates import scores_by_slice
 
     folder.mkdir(parents=True, exist_ok=True)
     plots.quality_per_slice(evidence, policy, folder / "quality-per-slice.png")

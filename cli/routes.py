@@ -72,7 +72,7 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> RouteStore:
-    from registry.route_store import open_route_store  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.route_store import open_route_store  # keep `revgate --help` fast
 
     return open_route_store(args.routes)
 
@@ -154,7 +154,7 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from serving.router import RouterConfig, check_config, run_router  # noqa: PLC0415 - data plane only here
+    from serving.router import RouterConfig, check_config, run_router  # data plane only here
 
     token = args.admin_token_file.read_text().strip() if args.admin_token_file else None
     config = RouterConfig(route=args.route, records=args.records, paired_records=args.paired_records,
@@ -170,7 +170,7 @@ def _router(args: argparse.Namespace) -> int:
 
 def _run_until_signal(coroutine: Any) -> None:
     """Run on uvloop; SIGTERM and SIGINT end the router cleanly (records flushed)."""
-    import uvloop  # noqa: PLC0415 - only the router needs it
+    import uvloop  # only the router needs it
 
     async def main() -> None:
         task = asyncio.ensure_future(coroutine)

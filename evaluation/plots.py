@@ -93,6 +93,10 @@ def sequential_statistic(evidence: Evidence, policy: GatePolicy, slice_name: str
     sizes = [lk.samples for lk in looks]
     axes.plot(sizes, [lk.estimate / lk.standard_error for lk in looks], "o-", label="z (candidate worse)")
     axes.plot(sizes, [min(lk.boundary, 10.0) for lk in looks], "r--", label="fail boundary")
+    # Passing means the upper interval end is below the margin: z <= margin / se - boundary.
+    margin = float(policy.quality_margin)
+    passing = [max(margin / lk.standard_error - lk.boundary, -10.0) for lk in looks]
+    axes.plot(sizes, passing, "g--", label="pass boundary")
     axes.axhline(0.0, color="grey", linewidth=0.8)
     axes.set_xlabel("samples per arm")
     axes.set_ylabel("z")

@@ -70,6 +70,16 @@ def request_body(entry: TraceEntry, model: str) -> dict[str, Any]:
     return body
 
 
+def request_headers(entry: TraceEntry) -> dict[str, str]:
+    """Identity and labels a router records and keys on: request id, tenant, slices."""
+    headers = {"x-request-id": entry.request_id}
+    if entry.tenant:
+        headers["x-tenant-id"] = entry.tenant
+    if entry.slices:
+        headers["x-revgate-slices"] = ";".join(f"{key}={value}" for key, value in sorted(entry.slices.items()))
+    return headers
+
+
 def _record(
     entry: TraceEntry,
     arrival: float,
@@ -91,7 +101,7 @@ def _record(
         slices=dict(entry.slices),
         endpoint=endpoint,
         first_token_s=stream.first_token_s,
-        last_token_s=stream.last_token_s if stream.last_token_s else None,
+        last_token_s=stream.last_token_s,
         prompt_tokens=stream.prompt_tokens,
         output_tokens=stream.completion_tokens or stream.chunks or None,
         finish_reason=stream.finish_reason,
@@ -118,7 +128,7 @@ async def send_one(
     revision = model
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=request_body(entry, model)) as response:
+            async with session.post(url, json=request_body(entry, model), headers=request_headers(entry)) as response:
                 revision = response.headers.get("x-revgate-revision", model)
                 if response.status != 200:
                     detail = (await response.text())[:200]

@@ -115,7 +115,7 @@ class S3RouteStore:
     """Snapshots in an S3 bucket; compare-and-swap by conditional writes (If-Match / If-None-Match)."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None) -> None:
-        import boto3  # noqa: PLC0415 - deferred: only S3 users pay for importing boto3
+        import boto3  # deferred: only S3 users pay for importing boto3
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -134,7 +134,7 @@ class S3RouteStore:
         return None if found is None else found[0]
 
     def _get(self, key: str) -> tuple[RouteSnapshot, str] | None:
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415 - as boto3
+        from botocore.exceptions import BotoCoreError, ClientError  # as boto3
 
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=key)
@@ -178,7 +178,7 @@ class S3RouteStore:
 
     def _put(self, key: str, data: bytes, condition: dict[str, str]) -> bool:
         """Conditional put; False when the precondition failed (someone else wrote first)."""
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415 - as boto3
+        from botocore.exceptions import BotoCoreError, ClientError  # as boto3
 
         try:
             self.client.put_object(

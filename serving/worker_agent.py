@@ -143,6 +143,11 @@ class WorkerAgent:
                 f"no replica {replica_id!r} on this worker", fix="List replicas with GET /v1/replicas."
             ) from None
 
+    def in_flight(self, replica_id: str) -> int:
+        """Requests admitted by the replica's proxy and not yet finished."""
+        running = self._running.get(replica_id)
+        return 0 if running is None else running.admission.in_flight
+
     # ----- lifecycle
 
     def start(self, request: ReplicaRequest) -> Replica:

@@ -107,16 +107,19 @@ class ControlApp:
         if action == ("GET", "v1", "capacity"):
             return 200, capacity_report(self.agent.replicas())
         if action == ("GET", "v1", "replicas"):
-            return 200, {"replicas": [replica_view(replica) for replica in self.agent.replicas()]}
+            return 200, {"replicas": [self._view(replica.replica_id) for replica in self.agent.replicas()]}
         if action == ("POST", "v1", "replicas"):
             request = ReplicaRequest.from_json(await _read_body(receive), source="POST /v1/replicas body")
-            return 202, replica_view(self.agent.start(request))
+            return 202, self._view(self.agent.start(request).replica_id)
         if action == ("GET", "v1", "replicas", "{id}"):
-            return 200, replica_view(self.agent.replica(parts[2]))
+            return 200, self._view(parts[2])
         if action in (("POST", "v1", "replicas", "{id}", "drain"), ("POST", "v1", "replicas", "{id}", "stop")):
             grace = _grace(await _read_body(receive)) if parts[3] == "drain" else 0.0
-            return 202, replica_view(self.agent.begin_drain(parts[2], grace))
+            return 202, self._view(self.agent.begin_drain(parts[2], grace).replica_id)
         return 404, {"error": {"type": "NotFound", "message": f"no control action {method} {path}"}}
+
+    def _view(self, replica_id: str) -> dict[str, Any]:
+        return replica_view(self.agent.replica(replica_id), self.agent.in_flight(replica_id))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -197,19 +198,18 @@ class RouterProcess:
         return new  # type: ignore[no-any-return]
 
     def notify(self) -> dict[str, Any]:
-        import urllib.request
-
-        request = urllib.request.Request(f"{self.admin_url}/admin/notify", method="POST",
-                                         headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())  # type: ignore[no-any-return]
+        response = httpx.post(f"{self.admin_url}/admin/notify", headers={"Authorization": f"Bearer {self.token}"})
+        response.raise_for_status()
+        return response.json()  # type: ignore[no-any-return]
 
     def records_lines(self) -> list[str]:
         return self.records.read_text().splitlines() if self.records.exists() else []
 
 
 @contextlib.contextmanager
-def router_process(folder: Path, route: str, first: RouteSnapshot, *, poll_interval: float = 0.2) -> Iterator[RouterProcess]:
+def router_process(
+    folder: Path, route: str, first: RouteSnapshot, *, poll_interval: float = 0.2
+) -> Iterator[RouterProcess]:
     """Start ``revgate router`` on free ports over a file store holding ``first``."""
     store = FileRouteStore(folder / "routes")
     store.write(first)

@@ -78,6 +78,7 @@ def test_streams_in_flight_finish_on_the_revision_they_started_with(router: Rout
     start = router.commit(stable_a(farm))
     results: list[tuple[str, str, str]] = []
     started: list[str] = []
+    finished: list[float] = []
 
     def stream() -> None:
         body = {"model": ROUTE, "prompt": "hi", "max_tokens": 12, "stream": True, "user": "delay-ms:100"}
@@ -85,18 +86,20 @@ def test_streams_in_flight_finish_on_the_revision_they_started_with(router: Rout
             started.append(response.headers["x-revgate-generation"])
             text = "".join(response.iter_text())
             results.append((response.headers["x-revgate-generation"], response.headers["x-revgate-revision"], text))
+            finished.append(time.monotonic())
 
     threads = [threading.Thread(target=stream) for _ in range(4)]
     for thread in threads:
         thread.start()
     wait_until(lambda: len(started) == 4)  # every stream is pinned and has tokens still to come
     swapped = router.commit(lambda generation: snapshot(ROUTE, generation, [farm["b1"]]))
+    swapped_at = time.monotonic()
     after = complete(router)
     for thread in threads:
         thread.join(20)
     assert after.headers["x-revgate-generation"] == str(swapped.generation)
     assert after.headers["x-revgate-revision"] == fingerprint("b") and "b1-0" in after.text
-    assert len(results) == 4
+    assert len(results) == 4 and min(finished) > swapped_at  # the swap happened mid-stream
     for generation, revision, text in results:
         assert (generation, revision) == (str(start.generation), fingerprint("a"))
         assert "a1-11" in text or "a2-11" in text  # the last token arrived, from revision a

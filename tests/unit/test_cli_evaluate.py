@@ -30,7 +30,10 @@ def write_arms(tmp_path: Path, candidate_quality: dict[str, float], latency_s: f
 @pytest.fixture
 def policy_file(tmp_path: Path) -> Path:
     policy = GatePolicy.build(
-        slice_keys=["family"], max_samples_per_stage=300, look_every=50, quality_margin="0.05",
+        slice_keys=["family"],
+        max_samples_per_stage=300,
+        look_every=50,
+        quality_margin="0.05",
         slo=[{"ttft_ms": 200, "attainment": "0.9"}],
     )
     path = tmp_path / "policy.json"
@@ -43,12 +46,18 @@ def test_gate_command_fails_a_regressed_slice_and_writes_report_and_plots(
 ) -> None:
     records = write_arms(tmp_path, {"add": 0.98, "rev": 0.6, "sort": 0.98})
     out, plots = tmp_path / "report.json", tmp_path / "plots"
-    code = main(["gate", str(records), "--policy", str(policy_file), "--out", str(out), "--plots", str(plots), "--final"])
+    code = main(
+        ["gate", str(records), "--policy", str(policy_file), "--out", str(out), "--plots", str(plots), "--final"]
+    )
     printed = capsys.readouterr().out
     assert code == 1 and "FAIL" in printed and "family=rev" in printed
     report = GateReport.from_json(out.read_bytes())
     assert report.outcome == "fail" and report.policy_digest == GatePolicy.from_json(policy_file.read_bytes()).digest
-    assert {p.name for p in plots.iterdir()} >= {"quality-per-slice.png", "latency-ttft-cdf.png", "sequential-family-rev.png"}
+    assert {p.name for p in plots.iterdir()} >= {
+        "quality-per-slice.png",
+        "latency-ttft-cdf.png",
+        "sequential-family-rev.png",
+    }
     assert all(p.stat().st_size > 5000 for p in plots.iterdir())
 
 
@@ -57,7 +66,9 @@ def test_gate_command_passes_a_better_candidate(tmp_path: Path, policy_file: Pat
     assert main(["gate", str(records), "--policy", str(policy_file)]) == 0
 
 
-def test_gate_command_refuses_a_bad_policy_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_gate_command_refuses_a_bad_policy_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     records = write_arms(tmp_path, {"add": 0.9, "rev": 0.9, "sort": 0.9})
     bad = tmp_path / "policy.json"
     bad.write_text('{"alpha": "2"}')
@@ -68,6 +79,9 @@ def test_gate_command_refuses_a_bad_policy_and_changes_nothing(tmp_path: Path, c
 
 def test_trace_command_writes_a_readable_trace(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
-    assert main(["trace", str(out), "--requests", "50", "--rate", "10", "--arrivals", "bursty", "--mix", "add/short=2"]) == 0
+    assert (
+        main(["trace", str(out), "--requests", "50", "--rate", "10", "--arrivals", "bursty", "--mix", "add/short=2"])
+        == 0
+    )
     assert len(traces.read_trace(out)) == 50
     assert main(["trace", str(out), "--mix", "mul/short=1"]) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import subprocess
@@ -75,7 +76,7 @@ def test_generated_trace_is_reproducible_and_labelled_as_asked(tmp_path: Path) -
     assert 0.18 < labelled < 0.32
     sort_long = sum(e.slices == e.slices | {"family": "sort", "length": "long"} for e in trace) / len(trace)
     assert sort_long > 0.3  # weight 3 of 8
-    assert all(a.offset_s <= b.offset_s for a, b in zip(trace, trace[1:], strict=False))
+    assert all(a.offset_s <= b.offset_s for a, b in itertools.pairwise(trace))
     path = tmp_path / "t.jsonl"
     traces.write_trace(trace, path)
     assert traces.read_trace(path) == trace
@@ -84,7 +85,7 @@ def test_generated_trace_is_reproducible_and_labelled_as_asked(tmp_path: Path) -
 def test_poisson_and_bursty_arrivals_keep_the_mean_rate_but_differ_in_spread() -> None:
     def gaps(kind: traces.Arrivals) -> list[float]:
         offsets = traces.arrival_offsets(random.Random(1), 20000, 100.0, kind)
-        return [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(offsets)]
 
     for kind in ("poisson", "bursty"):
         mean = sum(gaps(kind)) / 19999  # type: ignore[arg-type]

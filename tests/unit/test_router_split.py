@@ -32,7 +32,8 @@ def route(weight: int, *, lease: timedelta = timedelta(hours=1), **extra: Any) -
 def test_canary_share_is_within_binomial_tolerance(weight: int) -> None:
     pinned = compile_route(route(weight))
     trials = 20_000
-    hits = sum(pinned.assign(f"session-{index}".encode(), NOW.timestamp()).arm == "candidate" for index in range(trials))
+    now = NOW.timestamp()
+    hits = sum(pinned.assign(f"session-{index}".encode(), now).arm == "candidate" for index in range(trials))
     p = weight / 1_000_000
     sigma = math.sqrt(trials * p * (1 - p))
     assert abs(hits - trials * p) < 4.5 * sigma

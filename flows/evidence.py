@@ -1,0 +1,112 @@
+"""Gathering a stage's evidence: replay labelled traffic through the router, split it into arms, grade it.
+
+Plain functions; the flow wraps them in tasks. The comparison arm is always stable traffic from
+the same window (a concurrent baseline), never a before/after comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from evaluation.gates import Evidence
+from evaluation.graders import exact_match, score_records
+from evaluation.records import RequestRecord
+from evaluation.replay import replay
+from evaluation.traces import TraceEntry
+from shadow.records import PairedRecord
+
+
+def stage_batch(trace: Sequence[TraceEntry], stage: str, batch: int, size: int) -> list[TraceEntry]:
+    """The ``batch``-th slice of the trace, re-timed to start now and re-identified for this stage.
+
+    Request ids carry the stage so that shadow pairs and records of different stages never mix.
+    """
+    chosen = [trace[(batch * size + index) % len(trace)] for index in range(size)]
+    start = chosen[0].offset_s
+    return [
+        replace(entry, request_id=f"{stage}-b{batch}-{entry.request_id}", offset_s=max(0.0, entry.offset_s - start))
+        for entry in chosen
+    ]
+
+
+def send_batch(router_url: str, entries: Sequence[TraceEntry], model: str = "default") -> list[RequestRecord]:
+    """Replay ``entries`` open-loop through the router; one record per request."""
+    result = asyncio.run(replay(entries, router_url.rstrip("/") + "/v1", model, timeout_s=120.0))
+    return list(result.records)
+
+
+def canary_arms(
+    records: Iterable[RequestRecord], stable: str, candidate: str
+) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """Split records by the revision the router says served them (its response header)."""
+    stable_arm = [replace(r, arm="stable") for r in records if r.revision == stable]
+    candidate_arm = [replace(r, arm="candidate") for r in records if r.revision == candidate]
+    return stable_arm, candidate_arm
+
+
+def read_pairs(path: Path, prefix: str) -> list[PairedRecord]:
+    """The shadow pairs the router wrote for requests whose id starts with ``prefix``."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    pairs = (PairedRecord.from_json(line) for line in lines if line.strip())
+    return [pair for pair in pairs if pair.request_id.startswith(prefix)]
+
+
+def _shadow_record(pair: PairedRecord, entry: TraceEntry, arrival: float) -> RequestRecord:
+    ok = pair.shadow_status == 200 and not pair.shadow_error
+    return RequestRecord(
+        request_id=pair.request_id,
+        revision=pair.shadow_revision,
+        arm="candidate",
+        arrival_s=arrival,
+        outcome="ok" if ok else "error",
+        route=pair.route,
+        generation=pair.generation,
+        tenant=entry.tenant,
+        slices=dict(entry.slices),
+        first_token_s=None if pair.shadow_ttft_s is None else arrival + pair.shadow_ttft_s,
+        last_token_s=None if pair.shadow_e2e_s is None else arrival + pair.shadow_e2e_s,
+        status_code=pair.shadow_status,
+        error=pair.shadow_error,
+        output_text=pair.shadow_output,
+        reference=entry.reference,
+    )
+
+
+def shadow_arms(
+    records: Sequence[RequestRecord], pairs: Sequence[PairedRecord], entries: Sequence[TraceEntry]
+) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """Stable arm: the callers' records of mirrored requests; candidate arm: the shadow's answers.
+
+    Only mirrored requests count on both sides, so the arms see the same prompts.
+    """
+    by_id = {entry.request_id: entry for entry in entries}
+    caller = {record.request_id: record for record in records}
+    mirrored = [pair for pair in pairs if pair.request_id in caller and pair.request_id in by_id]
+    stable_arm = [replace(caller[pair.request_id], arm="stable") for pair in mirrored]
+    candidate_arm = [
+        _shadow_record(pair, by_id[pair.request_id], caller[pair.request_id].arrival_s) for pair in mirrored
+    ]
+    return stable_arm, candidate_arm
+
+
+def build_evidence(
+    stable: Sequence[RequestRecord],
+    candidate: Sequence[RequestRecord],
+    *,
+    expected_candidate_share: float | None,
+    final: bool,
+) -> Evidence:
+    """Graded evidence (exact match against the reference answer) for the gates."""
+    return Evidence(
+        stable=tuple(stable),
+        candidate=tuple(candidate),
+        stable_scores=score_records(stable, exact_match),
+        candidate_scores=score_records(candidate, exact_match),
+        expected_candidate_share=expected_candidate_share,
+        final=final,
+    )

@@ -1,0 +1,72 @@
+"""Open-loop replay against real HTTP servers that stream SSE token by token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from evaluation import evidence, metrics
+from evaluation.replay import replay
+from evaluation.traces import TraceEntry, write_trace
+from tests.integration.router_harness import UpstreamFarm
+
+pytestmark = pytest.mark.servers
+
+
+@pytest.fixture(scope="module")
+def farm() -> Iterator[UpstreamFarm]:
+    with UpstreamFarm(["replay-a"]) as running:
+        yield running
+
+
+def entries(n: int, rate: float, delay_ms: int, tokens: int = 4) -> list[TraceEntry]:
+    return [
+        TraceEntry(
+            request_id=f"r{i}",
+            offset_s=i / rate,
+            slices={"family": "add"},
+            tenant="t",
+            reference="x",
+            body={"prompt": "add 1+1=", "max_tokens": tokens, "user": f"delay-ms:{delay_ms}"},
+        )
+        for i in range(n)
+    ]
+
+
+def test_requests_leave_on_schedule_while_earlier_ones_are_still_streaming(farm: UpstreamFarm) -> None:
+    # 40 requests over 0.4 s, each streaming 4 tokens 60 ms apart (~240 ms): a closed loop would need ~10 s.
+    result = asyncio.run(replay(entries(40, 100.0, 60), farm["replay-a"].url + "/v1", "replay-a"))
+    assert len(result.records) == 40 and {r.outcome for r in result.records} == {"ok"}
+    assert result.wall_s < 2.5
+    assert max(result.lateness_s) < 0.1
+    ttft = metrics.latencies_ms(result.records, "ttft")
+    tpot = metrics.latencies_ms(result.records, "tpot")
+    assert ttft.min() >= 55 and 55 <= float(sorted(tpot)[20]) < 150
+    first = next(r for r in result.records if r.request_id == "r0")
+    assert first.output_tokens == 4 and first.output_text == "replay-a-0 replay-a-1 replay-a-2 replay-a-3 "
+    assert first.finish_reason == "length" and first.reference == "x" and first.slices == {"family": "add"}
+
+
+def test_rejections_and_timeouts_are_recorded_not_dropped(farm: UpstreamFarm) -> None:
+    farm["replay-a"].fail_next = 3
+    slow = [TraceEntry(request_id="slow", offset_s=0.3, body={"prompt": "x", "max_tokens": 4, "user": "delay-ms:800"})]
+    result = asyncio.run(replay([*entries(5, 50.0, 0), *slow], farm["replay-a"].url + "/v1", "replay-a", timeout_s=0.5))
+    outcomes = sorted(r.outcome for r in result.records)
+    assert outcomes == ["ok", "ok", "rejected", "rejected", "rejected", "timeout"]
+    assert metrics.outcome_rates(result.records)["rejected_rate"] == pytest.approx(0.5)
+
+
+def test_replay_command_writes_records_and_prints_a_summary(
+    farm: UpstreamFarm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, out = tmp_path / "trace.jsonl", tmp_path / "records.jsonl"
+    write_trace(entries(20, 200.0, 5), trace)
+    code = main(["replay", str(trace), "--target", farm["replay-a"].url + "/v1", "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "generator lateness" in printed and "ttft_p99_ms" in printed
+    records = evidence.read_records(out)
+    assert len(records) == 20 and records[0].revision == "replay-a"  # model name asked of the server
