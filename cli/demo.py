@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``demo``."""
     parser = subparsers.add_parser("demo", help="run a promotion on the embedded default (one machine)")
+    parser.add_argument("--state", type=Path, default=Path(".cache/demo"), help="demo state folder")
+    parser.add_argument("--zoo", type=Path, default=Path(".cache/zoo"), help="reference zoo folder (built if missing)")
+    parser.add_argument("--candidate", default="improved", help="zoo revision to promote (try slice-regressed)")
+    parser.add_argument("--approval", choices=("auto", "ui"), default="auto",
+                        help="auto: approve without a human (demo); ui: pause for the Prefect UI's Resume form")
     parser.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the steps of the demo that exist so far, and say plainly what does not exist yet."""
-    print("revgate demo: the end-to-end promotion flow is not built yet.")
-    print("What runs today: see README.md, 'Status'.")
-    return 0
+    """Build, sign, publish, serve, route and promote; see flows/demo.py."""
+    from flows.demo import run_demo as demo
+
+    return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval)

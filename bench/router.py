@@ -1,0 +1,407 @@
+"""Router benchmark: revgate's router against the upstream directly, nginx and vllm-router, in one run.
+
+One command: ``.venv/bin/python bench/router.py``. Each proxy runs pinned to core 0; the fast upstream
+and the load generators share core 1. For each system:
+- closed loop (wrk, 32 connections): maximum requests/s and CPU per request from /proc/<pid>/stat;
+- open loop at 500 requests/s (latency timed from the intended send time): added p50 and p99
+  against the upstream alone;
+- streaming at 100 requests/s: time to the first SSE chunk, added p50.
+revgate runs with every feature on: request records, metrics, a 10% canary split, snapshot pinning.
+Swap propagation: commit a generation, notify, until a new request is served on it (p99 over 50 swaps).
+Writes bench/results/router.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROXY_CORE, LOAD_CORE = "0", "1"
+COMPLETION = json.dumps({
+    "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "text": " four five six seven", "finish_reason": "length", "logprobs": None}],
+    "usage": {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8},
+}).encode()
+REQUEST = json.dumps({"model": "bench", "prompt": "one two three", "max_tokens": 4}).encode()
+STREAM_REQUEST = json.dumps({"model": "bench", "prompt": "one two three", "max_tokens": 4, "stream": True}).encode()
+SSE_EVENTS = [b'data: {"choices":[{"index":0,"text":" t%d","finish_reason":null}]}\n\n' % index for index in range(4)]
+
+
+# --- the fast upstream (run as a subprocess: bench/router.py --upstream PORT PORT) -------------
+
+def serve_upstream(ports: list[int]) -> None:
+    """A minimal OpenAI-shaped HTTP/1.1 server on uvloop: fixed answers, keep-alive, SSE when asked."""
+    import httptools
+    import uvloop
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.parser = httptools.HttpRequestParser(self)
+            self.body: list[bytes] = []
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            body, self.body = b"".join(self.body), []
+            if b'"stream": true' in body or b'"stream":true' in body:
+                asyncio.get_running_loop().create_task(self.stream())
+                return
+            answer = COMPLETION if body else b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                                 % (len(answer), answer))
+
+        async def stream(self) -> None:
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            for event in [*SSE_EVENTS, b"data: [DONE]\n\n"]:
+                self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await asyncio.sleep(0.002)
+            self.transport.write(b"0\r\n\r\n")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for port in ports:
+            await loop.create_server(Upstream, "127.0.0.1", port, backlog=4096)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User+system CPU seconds of ``pid`` and its children (nginx's worker, for one)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+@contextmanager
+def started(command: list[str], port: int, *, core: str | None, env: dict[str, str] | None = None,
+            log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    prefix = ["taskset", "-c", core] if core is not None else []
+    out = log.open("wb") if log else subprocess.DEVNULL
+    process = subprocess.Popen(prefix + command, stdout=out, stderr=subprocess.STDOUT, env=env or dict(os.environ))
+    try:
+        wait_for(port)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+# --- load generators -----------------------------------------------------------------------------
+
+def wrk_max_rps(port: int, pid: int, seconds: int, workdir: Path) -> dict[str, float]:
+    """Closed loop with wrk: requests/s and CPU microseconds per request of ``pid``'s process tree."""
+    script = workdir / "post.lua"
+    script.write_text('wrk.method = "POST"\nwrk.body = ' + json.dumps(REQUEST.decode())
+                      + '\nwrk.headers["Content-Type"] = "application/json"\n')
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    subprocess.run(["taskset", "-c", LOAD_CORE, "wrk", "-t1", "-c16", "-d1s", "-s", str(script), url],
+                   capture_output=True, check=True)  # warm-up: connections, pools, caches
+    before = process_tree_cpu_s(pid)
+    result = subprocess.run(["taskset", "-c", LOAD_CORE, "wrk", "-t1", "-c32", f"-d{seconds}s", "-s", str(script),
+                             url], capture_output=True, text=True, check=True)
+    cpu = process_tree_cpu_s(pid) - before
+    requests = int(next(line for line in result.stdout.splitlines() if "requests in" in line).split()[0])
+    errors = sum(int(word) for line in result.stdout.splitlines() if "Non-2xx" in line for word in line.split()[-1:])
+    return {"max_rps": requests / seconds, "cpu_us_per_req": cpu / max(requests, 1) * 1e6, "errors": errors}
+
+
+async def _one(port: int, body: bytes, intended: float, stream: bool, pool: list[Any]) -> tuple[float, float]:
+    """One request on a pooled keep-alive connection; (seconds to first body byte, to the end)."""
+    if pool:
+        reader, writer = pool.pop()
+    else:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    head = await reader.readuntil(b"\r\n\r\n")
+    if b" 200 " not in head.split(b"\r\n", 1)[0]:
+        raise RuntimeError(head.decode(errors="replace"))
+    lowered = head.lower()
+    if b"content-length:" in lowered:
+        length = int(lowered.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        await reader.readexactly(length)
+        first = time.perf_counter()
+    else:
+        size_line = await reader.readuntil(b"\r\n")
+        first = time.perf_counter()
+        await reader.readexactly(int(size_line.strip(), 16) + 2)
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    end = time.perf_counter()
+    pool.append((reader, writer))
+    return first - intended, end - intended
+
+
+async def _open_loop(port: int, rate: int, seconds: float, stream: bool) -> list[tuple[float, float]]:
+    body = STREAM_REQUEST if stream else REQUEST
+    pool: list[Any] = []
+    for _ in range(3):  # warm-up
+        await _one(port, body, time.perf_counter(), stream, pool)
+    start = time.perf_counter() + 0.05
+    tasks = []
+    for index in range(int(rate * seconds)):
+        intended = start + index / rate
+        delay = intended - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_one(port, body, intended, stream, pool)))
+    return await asyncio.gather(*tasks)
+
+
+def open_loop(port: int, rate: int, seconds: float, stream: bool) -> dict[str, float]:
+    """Latency at a fixed arrival rate, measured from each request's intended send time (milliseconds)."""
+    import uvloop
+
+    samples = uvloop.run(_open_loop(port, rate, seconds, stream))
+    firsts = sorted(first * 1000 for first, _ in samples)
+    ends = sorted(end * 1000 for _, end in samples)
+    return {"p50_ms": statistics.median(ends), "p99_ms": ends[int(len(ends) * 0.99) - 1],
+            "first_chunk_p50_ms": statistics.median(firsts)}
+
+
+def measure_load(name: str, port: int, pid: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    """Open loop first (latency), then streaming, then closed loop (saturation)."""
+    os.sched_setaffinity(0, {int(LOAD_CORE)})
+    latency = open_loop(port, args.rate, args.open_seconds, stream=False)
+    streaming = open_loop(port, args.stream_rate, args.open_seconds, stream=True)
+    saturation = wrk_max_rps(port, pid, args.closed_seconds, workdir)
+    print(f"  {name}: {saturation['max_rps']:.0f} req/s, {saturation['cpu_us_per_req']:.0f} us/req, "
+          f"p50 {latency['p50_ms']:.2f} ms, p99 {latency['p99_ms']:.2f} ms", flush=True)
+    return {**saturation, **latency, "stream_first_chunk_p50_ms": streaming["first_chunk_p50_ms"]}
+
+
+# --- systems -------------------------------------------------------------------------------------
+
+def nginx_config(workdir: Path, port: int, upstream: int) -> Path:
+    config = workdir / "nginx.conf"
+    config.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy;
+  fastcgi_temp_path {workdir}/fastcgi; uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
+  upstream backend {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+""")
+    return config
+
+
+def route_snapshot(generation: int, stable: int, candidate: int) -> Any:
+    from manifests.route import RouteSnapshot
+
+    now = datetime.now(UTC)
+    return RouteSnapshot.build(
+        route="bench", generation=generation, created_by="bench", created_at=now.isoformat(),
+        stable={"fingerprint": "sha256:" + "a" * 64, "endpoints": [f"http://127.0.0.1:{stable}"]},
+        candidate={"fingerprint": "sha256:" + "b" * 64, "endpoints": [f"http://127.0.0.1:{candidate}"],
+                   "weight_ppm": 100_000, "lease_expires_at": (now + timedelta(hours=1)).isoformat()},
+    )
+
+
+def swap_propagation(store: Any, admin_port: int, port: int, token: str, swaps: int) -> list[float]:
+    """Milliseconds from a committed generation until a new request is served on it, with notify."""
+    import http.client
+
+    admin = http.client.HTTPConnection("127.0.0.1", admin_port)
+    public = http.client.HTTPConnection("127.0.0.1", port)
+    current = store.read("bench")
+    stable, candidate = (int(url.rsplit(":", 1)[1]) for url in (current.stable.endpoints[0],
+                                                                  current.candidate.endpoints[0]))
+    samples = []
+    for _ in range(swaps):
+        generation = store.read("bench").generation + 1
+        store.write(route_snapshot(generation, stable, candidate))
+        committed = time.perf_counter()
+        admin.request("POST", "/admin/notify", headers={"Authorization": f"Bearer {token}"})
+        admin.getresponse().read()
+        while True:
+            public.request("POST", "/v1/completions", body=REQUEST, headers={"Content-Type": "application/json"})
+            response = public.getresponse()
+            response.read()
+            if response.getheader("x-revgate-generation") == str(generation):
+                break
+        samples.append((time.perf_counter() - committed) * 1000)
+    return samples
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from registry.route_store import FileRouteStore
+
+    workdir = Path(tempfile.mkdtemp(prefix="revgate-bench-router-"))
+    upstream, candidate = free_port(), free_port()
+    results: dict[str, Any] = {}
+    with started([sys.executable, __file__, "--upstream", str(upstream), str(candidate)], upstream, core=LOAD_CORE):
+        wait_for(candidate)
+        results["direct"] = measure_load("direct", upstream, _pid_on(upstream), args, workdir)
+
+        store = FileRouteStore(workdir / "routes")
+        store.write(route_snapshot(1, upstream, candidate))
+        token = secrets.token_hex(16)
+        (workdir / "token").write_text(token)
+        port, admin = free_port(), free_port()
+        command = [sys.executable, "-m", "cli.main", "router", "--routes", str(workdir / "routes"), "--route",
+                   "bench", "--port", str(port), "--admin-port", str(admin), "--admin-token-file",
+                   str(workdir / "token"), "--records", str(workdir / "records.jsonl")]
+        with started(command, port, core=PROXY_CORE, log=workdir / "router.log") as router:
+            results["revgate"] = measure_load("revgate", port, router.pid, args, workdir)
+            swaps = swap_propagation(store, admin, port, token, args.swaps)
+        records = sum(1 for _ in (workdir / "records.jsonl").open())
+        results["revgate"]["records_written"] = records
+
+        port = free_port()
+        nginx = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(workdir), "-c",
+                 str(nginx_config(workdir, port, upstream))]
+        with started(nginx, port, core=PROXY_CORE) as process:
+            results["nginx"] = measure_load("nginx", port, process.pid, args, workdir)
+
+        port = free_port()
+        vllm_router = [str(ROOT / ".cache/bench/vllm-router-venv/bin/vllm-router"), "--host", "127.0.0.1", "--port",
+                       str(port), "--worker-urls", f"http://127.0.0.1:{upstream}", "--policy", "round_robin",
+                       "--log-level", "warning", "--disable-circuit-breaker"]
+        with started(vllm_router, port, core=PROXY_CORE, log=workdir / "vllm-router.log") as process:
+            time.sleep(2)  # it health-checks the worker before routing
+            results["vllm_router"] = measure_load("vllm_router", port, process.pid, args, workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return summarise(results, swaps)
+
+
+def _pid_on(port: int) -> int:
+    """The pid listening on ``port`` (the upstream), for its CPU figures."""
+    output = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return int(output.split("pid=", 1)[1].split(",", 1)[0])
+
+
+def summarise(results: dict[str, Any], swaps: list[float]) -> dict[str, Any]:
+    direct = results["direct"]
+    figures: dict[str, Any] = {}
+    for name, measured in results.items():
+        figures[name] = {
+            "cpu_us_per_req": round(measured["cpu_us_per_req"], 1),
+            "max_rps": round(measured["max_rps"]),
+            "added_p50_ms_at_500rps": round(measured["p50_ms"] - direct["p50_ms"], 3),
+            "added_p99_ms_at_500rps": round(measured["p99_ms"] - direct["p99_ms"], 3),
+            "stream_first_chunk_added_p50_ms": round(measured["stream_first_chunk_p50_ms"]
+                                                     - direct["stream_first_chunk_p50_ms"], 3),
+            "p50_ms_at_500rps": round(measured["p50_ms"], 3),
+            "p99_ms_at_500rps": round(measured["p99_ms"], 3),
+        }
+    figures["revgate"]["records_written"] = results["revgate"]["records_written"]
+    figures["swap_propagation_p99_ms"] = round(sorted(swaps)[max(0, int(len(swaps) * 0.99) - 1)], 2)
+    figures["swap_propagation_p50_ms"] = round(statistics.median(swaps), 2)
+    figures["ratios"] = {
+        "revgate_cpu_per_req_vs_nginx": round(figures["revgate"]["cpu_us_per_req"] / figures["nginx"]["cpu_us_per_req"], 2),
+        "revgate_cpu_per_req_vs_vllm_router": round(
+            figures["revgate"]["cpu_us_per_req"] / figures["vllm_router"]["cpu_us_per_req"], 2),
+        "revgate_max_rps_vs_vllm_router": round(figures["revgate"]["max_rps"] / figures["vllm_router"]["max_rps"], 2),
+    }
+    return figures
+
+
+def print_table(figures: dict[str, Any]) -> None:
+    print(f"\n{'system':<12} {'req/s':>8} {'CPU us/req':>11} {'+p50 ms':>9} {'+p99 ms':>9} {'+1st chunk ms':>14}")
+    for name in ("direct", "revgate", "nginx", "vllm_router"):
+        row = figures[name]
+        print(f"{name:<12} {row['max_rps']:>8} {row['cpu_us_per_req']:>11} {row['added_p50_ms_at_500rps']:>9} "
+              f"{row['added_p99_ms_at_500rps']:>9} {row['stream_first_chunk_added_p50_ms']:>14}")
+    print(f"swap propagation p99 {figures['swap_propagation_p99_ms']} ms (p50 {figures['swap_propagation_p50_ms']})")
+    print(json.dumps(figures["ratios"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--upstream", nargs="+", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--stream-rate", type=int, default=100)
+    parser.add_argument("--open-seconds", type=float, default=4.0)
+    parser.add_argument("--closed-seconds", type=int, default=5)
+    parser.add_argument("--swaps", type=int, default=50)
+    args = parser.parse_args()
+    if args.upstream:
+        serve_upstream(args.upstream)
+        return
+    figures = run(args)
+    print_table(figures)
+    figures.update(command="python bench/router.py", date=datetime.now(UTC).isoformat(timespec="seconds"),
+                   machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
+    output = ROOT / "bench" / "results" / "router.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {output.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The embedded default end to end: a full promotion on one machine.
+
+Builds (or reuses) the reference zoo, signs and publishes two revisions, starts a Prefect server,
+a worker agent running vLLM on the CPU and a router, puts the stable revision on a route, then
+runs ``promote_revision`` for the candidate through shadow and canary stages to a decision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from evaluation.traces import generate_trace, write_trace
+from flows import processes
+from flows.spec import PromotionSpec
+from manifests.gates import GatePolicy
+from manifests.revision import ExecutionConfig, InterfacePolicy, ServiceRevision
+from manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
+from manifests.route import RevisionTarget, RouteSnapshot
+from manifests.route_change import successor
+from manifests.worker import WarmProfile
+from registry.build import build_manifest
+from registry.route_store import open_route_store
+from registry.runtime import engine_runtime
+from registry.signing import sign_with_key
+from registry.store import open_store
+from serving.worker_client import WorkerClient
+from serving.worker_request import ReplicaRequest, SignaturePolicySpec
+
+ROUTE = "demo"
+EXECUTION = ExecutionConfig(dtype="float32", max_model_len=256, kv_cache_bytes=64 * 2**20, enforce_eager=True)
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    """Where the demo keeps its state (all under one folder, reused across runs)."""
+
+    root: Path
+
+    def __getattr__(self, name: str) -> Path:
+        return self.root / name
+
+
+def signing_key(folder: Path) -> tuple[Path, Path]:
+    """A P-256 key pair for the demo's publisher (made once)."""
+    private, public = folder / "publisher.key", folder / "publisher.pub"
+    if not private.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()))
+        private.chmod(0o600)
+        public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                         serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def publish(model_dir: Path, store: str, key: Path, folder: Path) -> str:
+    """Build the manifest, sign it, push folder and signature; the pinned manifest digest."""
+    manifest = build_manifest(model_dir)
+    signature = folder / f"{manifest.digest[7:19]}.sig"
+    folder.mkdir(parents=True, exist_ok=True)
+    sign_with_key(manifest, signature, key, model_name=model_dir.name)
+    return open_store(store).push(model_dir, manifest, signature)
+
+
+def demo_plan() -> RolloutPlan:
+    """Shadow everything, approve, then 50% canary: small enough for one CPU machine."""
+    return RolloutPlan(steps=(
+        Shadow(sample_ppm=1_000_000), Analyze(max_samples=1200), Approve(),
+        SetWeight(weight_ppm=500_000), Analyze(max_samples=1200),
+    ), lease_seconds=600)
+
+
+def demo_policy() -> GatePolicy:
+    """Per-family quality gates with a 5-point margin; loose SLOs for a shared CPU."""
+    return GatePolicy.build(slice_keys=["family"], quality_margin="0.05", min_samples_per_slice=30,
+                            max_samples_per_stage=1200, look_every=200, latency_margin="0.5")
+
+
+def start_stable(client: WorkerClient, request: ReplicaRequest) -> dict[str, object]:
+    """The stable replica, ready (reused when the worker already runs it)."""
+    replica = client.start(request)
+    return client.wait_for(str(replica["replica_id"]), {"ready"}, 600)
+
+
+def route_stable(routes: str, target: RevisionTarget) -> None:
+    """Put ``target`` as the route's stable revision (a new generation on top of any history)."""
+    store = open_route_store(routes)
+    now = datetime.now(UTC)
+    current = store.read(ROUTE)
+    if current is None:
+        store.write(RouteSnapshot(route=ROUTE, generation=1, stable=target, created_by="revgate demo", created_at=now))
+    else:
+        store.write(successor(current, by="revgate demo", now=now, stable=target, candidate=None, shadow=None,
+                              failure_domains={}))
+
+
+def run_demo(root: Path, zoo_dir: Path, candidate: str = "improved", approval: str = "auto") -> int:
+    """Run the whole promotion; prints where to look at the evidence. Exit code 0 on a decision."""
+    paths = DemoPaths(root)
+    print(f"revgate demo: state in {root}")
+    from zoo.build import make_zoo
+    from zoo.recipe import default_zoo
+
+    zoo = make_zoo(zoo_dir, default_zoo())
+    key, public = signing_key(paths.keys)
+    store = str(paths.artifacts)
+    digests = {name: publish(Path(zoo[name].path), store, key, paths.signatures) for name in ("stable", candidate)}
+    print(f"published stable {digests['stable'][:19]} and {candidate} {digests[candidate][:19]}, signed")
+    policy = SignaturePolicySpec(kind="key", public_key=str(public))
+    trace = paths.root / "trace.jsonl"
+    write_trace(generate_trace(1200, rate=40.0, seed=7), trace)
+    token = processes.token_file(paths.root / "token")
+    with processes.stack() as services:
+        env = services.enter_context(processes.prefect_server(paths.prefect))
+        print(f"Prefect server at {env['PREFECT_API_URL'].removesuffix('/api')}")
+        worker_url = services.enter_context(processes.worker_agent(paths.worker, token))
+        client = WorkerClient(worker_url, token.read_text().strip())
+        stable_revision = ServiceRevision(
+            name="stable", artifact=open_store(store).get_manifest(digests["stable"]),
+            runtime=engine_runtime(Path(".venv-engine")), execution=EXECUTION, interface=InterfacePolicy(),
+        )
+        warm = WarmProfile(prompt_lengths=(8, 16), max_tokens=8, concurrency=4, request_count=8)
+        view = start_stable(client, ReplicaRequest(revision=stable_revision, store=store, signature_policy=policy,
+                                                   warm=warm))
+        print(f"stable replica ready at {view['endpoint']}")
+        route_stable(str(paths.routes), RevisionTarget(fingerprint=stable_revision.fingerprint,
+                                                       endpoints=(str(view["endpoint"]),),
+                                                       served_model=str(view["served_model"])))
+        public_url, admin_url = services.enter_context(
+            processes.router(str(paths.routes), ROUTE, paths.router, token))
+        print(f"router at {public_url}")
+        spec = PromotionSpec(
+            route=ROUTE, candidate_manifest=digests[candidate], candidate_name=candidate, artifact_store=store,
+            route_store=str(paths.routes), signature=policy, execution=EXECUTION, warm=warm,
+            gate_policy=demo_policy(), plan=demo_plan(), worker_url=worker_url, worker_token_file=str(token),
+            router_url=public_url, router_admin_url=admin_url, router_admin_token_file=str(token),
+            paired_records=str(paths.router / "paired.jsonl"), trace=str(trace), batch_size=200,
+            tracking_uri=f"sqlite:///{(paths.root / 'mlflow.db').resolve()}", evidence_root=str(paths.evidence),
+            approval=approval,  # type: ignore[arg-type]
+        )
+        spec_file = paths.root / "promotion.json"
+        spec_file.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        how = "approval given automatically" if approval == "auto" else "approve it in the Prefect UI"
+        print(f"running promote_revision ({how})")
+        result = subprocess.run([sys.executable, "-m", "cli.main", "promote", str(spec_file)],
+                                env={**os.environ, **env}, check=False)
+        history = open_route_store(str(paths.routes)).history(ROUTE)
+        print(json.dumps([{"generation": s.generation, "stable": s.stable.short,
+                           "candidate": s.candidate.short if s.candidate else None,
+                           "weight_ppm": s.candidate.weight_ppm if s.candidate else 0,
+                           "shadow": s.shadow.short if s.shadow else None} for s in history[-8:]], indent=1))
+        print(f"evidence: MLflow store {spec.tracking_uri} (mlflow ui --backend-store-uri {spec.tracking_uri})")
+        return result.returncode

@@ -1,0 +1,124 @@
+"""Long-running local services of the embedded default: Prefect server, worker agent, router.
+
+Each is a real server process started here and stopped on exit; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from manifests.errors import RevgateError
+
+
+class ServiceFailed(RevgateError):
+    """A local service did not come up."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Until ``url`` answers 200; a process that exits first fails with its log's last lines."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            raise ServiceFailed(f"exited with {process.returncode} before {url} answered", where=str(log),
+                                fix="Read the log:\n" + "\n".join(tail))
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - local http
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise ServiceFailed(f"{url} did not answer within {timeout_s:.0f} s", where=str(log), fix="Read the log.")
+
+
+@contextmanager
+def service(
+    argv: Sequence[str], health_url: str, log: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 120
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` until the block ends; SIGTERM, then SIGKILL after 10 s."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    try:
+        wait_http(health_url, timeout_s, process, log)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def prefect_env(home: Path, port: int) -> dict[str, str]:
+    """Settings for a local Prefect server and for the processes that talk to it."""
+    return {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+
+
+@contextmanager
+def prefect_server(home: Path) -> Iterator[dict[str, str]]:
+    """A ``prefect server start`` on a free port; yields the environment that points at it."""
+    port = free_port()
+    env = prefect_env(home, port)
+    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    with service(argv, f"http://127.0.0.1:{port}/api/health", home / "server.log", env=env, timeout_s=180):
+        yield env
+
+
+def token_file(path: Path) -> Path:
+    """A bearer token file (created once, readable by its owner only)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(24), encoding="utf-8")
+        path.chmod(0o600)
+    return path
+
+
+@contextmanager
+def worker_agent(cache: Path, token: Path) -> Iterator[str]:
+    """A ``revgate worker`` on a free port; yields its URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "cli.main", "worker", "--port", str(port), "--cache", str(cache),
+            "--token-file", str(token)]
+    with service(argv, f"http://127.0.0.1:{port}/healthz", cache / "worker.log"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def router(routes: str, route: str, folder: Path, token: Path) -> Iterator[tuple[str, str]]:
+    """A ``revgate router`` for ``route``; yields its public and admin URLs."""
+    port, admin = free_port(), free_port()
+    argv = [sys.executable, "-m", "cli.main", "router", "--routes", routes, "--route", route, "--port", str(port),
+            "--admin-port", str(admin), "--admin-token-file", str(token), "--records", str(folder / "records.jsonl"),
+            "--paired-records", str(folder / "paired.jsonl"), "--record-outputs", "--poll-interval", "0.5"]
+    with service(argv, f"http://127.0.0.1:{port}/health", folder / "router.log"):
+        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+
+
+def stack() -> ExitStack:
+    """An exit stack for nesting services (stopped in reverse order)."""
+    return ExitStack()
