@@ -14,6 +14,8 @@ from manifests.artifact import ArtifactManifest
 from manifests.errors import ManifestInvalid
 from registry.hashing import Progress
 
+# Registry modules (model_signing, sigstore, boto3) are imported inside handlers: `revgate --help` stays fast.
+
 # Below this many bytes a progress bar is noise.
 PROGRESS_MIN_BYTES = 32 * 1024 * 1024
 
@@ -24,7 +26,7 @@ def progress_bar(total: int, description: str) -> Iterator[Progress | None]:
     if total < PROGRESS_MIN_BYTES:
         yield None
         return
-    from tqdm import tqdm  # noqa: PLC0415 - keep `revgate --help` fast
+    from tqdm import tqdm
 
     with tqdm(total=total, desc=description, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
               disable=None) as bar:
@@ -54,7 +56,7 @@ def _outside(model_dir: Path, output: Path) -> None:
 
 
 def _build(model_dir: Path, base: str | None, workers: int | None) -> ArtifactManifest:
-    from registry.build import build_manifest, total_bytes  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.build import build_manifest, total_bytes
 
     with progress_bar(total_bytes(model_dir), "hashing") as progress:
         return build_manifest(model_dir, base_artifact=base, workers=workers, progress=progress)
@@ -72,7 +74,7 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
 def _pinned_or_built(args: argparse.Namespace) -> ArtifactManifest:
     if args.manifest is None:
         return _build(args.dir, getattr(args, "base", None), args.workers)
-    from registry.verify import check_tree  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.verify import check_tree
 
     manifest = _load_manifest(args.manifest)
     with progress_bar(manifest.total_size, "hashing") as progress:
@@ -83,7 +85,7 @@ def _pinned_or_built(args: argparse.Namespace) -> ArtifactManifest:
 
 def cmd_sign(args: argparse.Namespace) -> int:
     """revgate sign DIR --key KEY.pem [--cert C --chain CA] -o SIG"""
-    from registry.signing import sign_with_certificate, sign_with_key  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.signing import sign_with_certificate, sign_with_key
 
     _outside(args.dir, args.output)
     manifest = _pinned_or_built(args)
@@ -99,7 +101,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> Any:
-    from registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy
 
     chosen = [bool(args.key), bool(args.chain), bool(args.identity or args.issuer)]
     if sum(chosen) != 1 or (args.identity is None) != (args.issuer is None):
@@ -114,8 +116,8 @@ def _policy(args: argparse.Namespace) -> Any:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """revgate verify DIR --signature SIG (--key PUB | --chain CA | --identity ID --issuer URL) [--manifest M]"""
-    from registry.build import total_bytes  # noqa: PLC0415 - keep `revgate --help` fast
-    from registry.verify import verify_artifact, verify_signed_folder  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.build import total_bytes
+    from registry.verify import verify_artifact, verify_signed_folder
 
     policy = _policy(args)
     with progress_bar(total_bytes(args.dir), "verifying") as progress:
@@ -131,7 +133,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_push(args: argparse.Namespace) -> int:
     """revgate push DIR STORE_URL [--signature SIG] [--manifest M]"""
-    from registry.store import open_store  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.store import open_store
 
     manifest = _pinned_or_built(args)
     store = open_store(args.store, endpoint_url=args.endpoint_url)
@@ -143,7 +145,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """revgate pull MANIFEST_DIGEST STORE_URL DEST [--signature-out SIG]"""
-    from registry.store import open_store  # noqa: PLC0415 - keep `revgate --help` fast
+    from registry.store import open_store
 
     store = open_store(args.store, endpoint_url=args.endpoint_url)
     manifest = store.get_manifest(args.digest)
