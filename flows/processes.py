@@ -74,7 +74,6 @@ def prefect_env(home: Path, port: int) -> dict[str, str]:
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
-        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "",
         "PREFECT_LOGGING_LEVEL": "WARNING",
     }
 

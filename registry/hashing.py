@@ -39,8 +39,9 @@ def default_workers() -> int:
 
 
 def _open_regular(path: Path, where: str) -> int:
-    # O_NOFOLLOW refuses a symlink swapped in after the folder was scanned.
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    # O_NOFOLLOW refuses a symlink swapped in after the folder was scanned; O_NONBLOCK keeps a FIFO
+    # from blocking the open (it is then refused as not regular), and changes nothing for files.
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:

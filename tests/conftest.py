@@ -58,3 +58,15 @@ def s3_endpoint() -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real Prefect server for the run; this process's Prefect settings point at it."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.processes import prefect_server
+
+    with prefect_server(tmp_path_factory.mktemp("prefect")) as env:
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            yield env["PREFECT_API_URL"]

@@ -106,3 +106,5 @@ def test_symlinked_directories_and_fifos_are_refused(tmp_path: Path) -> None:
     os.mkfifo(model / "pipe")
     with pytest.raises(UnsafePath, match="special file"):
         list_files(model)
+    with pytest.raises(UnsafePath, match="not a regular file"):
+        hash_file(model / "pipe")  # refused at once, not blocked waiting for a writer
