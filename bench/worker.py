@@ -1,6 +1,6 @@
 """Start-to-ready of a replica through the worker agent, split into its steps, against vLLM started by hand.
 
-One command: ``python bench/worker.py [--runs 2] [--model DIR]``. Builds (or takes) a model of the
+One command: ``python bench/worker.py [--runs 3] [--model DIR]``. Builds (or takes) a model of the
 reference architecture, signs it with a fresh EC key and pushes it to a filesystem store, then
 alternates, ``--runs`` times each:
 
@@ -144,7 +144,7 @@ def median(values: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--runs", type=int, default=2, help="starts per system (alternating)")
+    parser.add_argument("--runs", type=int, default=3, help="starts per system (alternating)")
     parser.add_argument("--model", type=Path, default=None, help="model folder (default: a fresh tiny model)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="revgate-bench-worker-") as scratch:

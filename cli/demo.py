@@ -15,6 +15,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--candidate", default="improved", help="zoo revision to promote (try slice-regressed)")
     parser.add_argument("--approval", choices=("auto", "ui"), default="auto",
                         help="auto: approve without a human (demo); ui: pause for the Prefect UI's Resume form")
+    parser.add_argument("--zoo-scale", type=float, default=1.0, help="shorten zoo training (quick trials only)")
     parser.set_defaults(func=run_demo)
 
 
@@ -22,4 +23,4 @@ def run_demo(args: argparse.Namespace) -> int:
     """Build, sign, publish, serve, route and promote; see flows/demo.py."""
     from flows.demo import run_demo as demo
 
-    return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval)
+    return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval, zoo_scale=args.zoo_scale)

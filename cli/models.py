@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PER_SLICE = 300
+DEFAULT_PER_SLICE = 300  # the same as zoo.evaluate.DEFAULT_PER_SLICE, without importing torch for --help
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -27,8 +27,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from zoo.build import make_zoo  # noqa: PLC0415 - torch loads only when a models command runs
-    from zoo.recipe import default_zoo  # noqa: PLC0415 - torch loads only when a models command runs
+    # Imported here: torch loads only when a models command runs, so `revgate --help` stays fast.
+    from zoo.build import make_zoo
+    from zoo.recipe import default_zoo
 
     revisions = make_zoo(args.out_dir, default_zoo())
     for revision in revisions.values():
@@ -37,7 +38,7 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from zoo.evaluate import evaluate_zoo, markdown_table  # noqa: PLC0415 - torch loads only when a models command runs
+    from zoo.evaluate import evaluate_zoo, markdown_table
 
     reports = evaluate_zoo(args.zoo_dir, args.per_slice, args.revision)
     if args.markdown:

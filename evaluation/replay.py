@@ -72,7 +72,9 @@ def request_body(entry: TraceEntry, model: str) -> dict[str, Any]:
 
 def request_headers(entry: TraceEntry) -> dict[str, str]:
     """Identity and labels a router records and keys on: request id, tenant, slices."""
-    headers = {"x-request-id": entry.request_id}
+    # Each trace request is its own conversation: keyed by request, the canary split is per request
+    # (keyed by tenant, a handful of tenants would land all-or-nothing on the candidate).
+    headers = {"x-request-id": entry.request_id, "x-session-id": entry.request_id}
     if entry.tenant:
         headers["x-tenant-id"] = entry.tenant
     if entry.slices:

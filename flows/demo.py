@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from evaluation.traces import generate_trace, write_trace
 from flows import processes
 from flows.spec import PromotionSpec
+from flows.steps import PromotionRefused
 from manifests.gates import GatePolicy
 from manifests.revision import ExecutionConfig, InterfacePolicy, ServiceRevision
 from manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
@@ -36,7 +37,7 @@ from serving.worker_client import WorkerClient
 from serving.worker_request import ReplicaRequest, SignaturePolicySpec
 
 ROUTE = "demo"
-EXECUTION = ExecutionConfig(dtype="float32", max_model_len=256, kv_cache_bytes=64 * 2**20, enforce_eager=True)
+EXECUTION = ExecutionConfig(dtype="float32", max_model_len=64, kv_cache_bytes=64 * 2**20, enforce_eager=True)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,12 @@ def demo_policy() -> GatePolicy:
 def start_stable(client: WorkerClient, request: ReplicaRequest) -> dict[str, object]:
     """The stable replica, ready (reused when the worker already runs it)."""
     replica = client.start(request)
-    return client.wait_for(str(replica["replica_id"]), {"ready"}, 600)
+    view = client.wait_for(str(replica["replica_id"]), {"ready"}, 600)
+    if view.get("state") != "ready":
+        failure = view.get("failure") or {}
+        raise PromotionRefused(f"stable replica ended {view.get('state')}: {failure.get('message', '')}",
+                               where="worker", fix="Read the worker log in the demo state folder.")
+    return view
 
 
 def route_stable(routes: str, target: RevisionTarget) -> None:
@@ -104,17 +110,19 @@ def route_stable(routes: str, target: RevisionTarget) -> None:
                               failure_domains={}))
 
 
-def run_demo(root: Path, zoo_dir: Path, candidate: str = "improved", approval: str = "auto") -> int:
+def run_demo(
+    root: Path, zoo_dir: Path, candidate: str = "improved", approval: str = "auto", zoo_scale: float = 1.0
+) -> int:
     """Run the whole promotion; prints where to look at the evidence. Exit code 0 on a decision."""
     paths = DemoPaths(root)
     print(f"revgate demo: state in {root}")
     from zoo.build import make_zoo
     from zoo.recipe import default_zoo
 
-    zoo = make_zoo(zoo_dir, default_zoo())
+    zoo = make_zoo(zoo_dir, default_zoo(zoo_scale))
     key, public = signing_key(paths.keys)
     store = str(paths.artifacts)
-    digests = {name: publish(Path(zoo[name].path), store, key, paths.signatures) for name in ("stable", candidate)}
+    digests = {name: publish(zoo_dir / zoo[name].path, store, key, paths.signatures) for name in ("stable", candidate)}
     print(f"published stable {digests['stable'][:19]} and {candidate} {digests[candidate][:19]}, signed")
     policy = SignaturePolicySpec(kind="key", public_key=str(public))
     trace = paths.root / "trace.jsonl"

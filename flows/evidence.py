@@ -7,6 +7,7 @@ the same window (a concurrent baseline), never a before/after comparison.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -54,6 +55,25 @@ def read_pairs(path: Path, prefix: str) -> list[PairedRecord]:
     lines = path.read_text(encoding="utf-8").splitlines()
     pairs = (PairedRecord.from_json(line) for line in lines if line.strip())
     return [pair for pair in pairs if pair.request_id.startswith(prefix)]
+
+
+def settled_pairs(
+    path: Path, prefix: str, expected: int, *, quiet_s: float = 1.5, limit_s: float = 30.0
+) -> list[PairedRecord]:
+    """The stage's pairs once the mirror has caught up: all ``expected`` are in, or none came for ``quiet_s``.
+
+    Mirrored copies are sent after the callers' answers and written in batches, so the newest
+    pairs land a little after the replay ends; dropped copies never land (the router counts them).
+    """
+    deadline = time.monotonic() + limit_s
+    pairs = read_pairs(path, prefix)
+    last_change = time.monotonic()
+    while len(pairs) < expected and time.monotonic() < deadline and time.monotonic() - last_change < quiet_s:
+        time.sleep(0.25)
+        latest = read_pairs(path, prefix)
+        if len(latest) != len(pairs):
+            pairs, last_change = latest, time.monotonic()
+    return pairs
 
 
 def _shadow_record(pair: PairedRecord, entry: TraceEntry, arrival: float) -> RequestRecord:

@@ -23,7 +23,7 @@ from prefect.input import RunInput
 
 from evaluation.gates import gates_from_policy, judge
 from evaluation.records import RequestRecord
-from evaluation.traces import read_trace
+from evaluation.traces import TraceEntry, read_trace
 from flows import evidence, steps
 from flows.report import report_markdown, slice_rows
 from flows.spec import PromotionSpec
@@ -114,19 +114,24 @@ def analyze_task(
     gate = gates_from_policy(spec.gate_policy, share)
     stable_arm: list[RequestRecord] = []
     candidate_arm: list[RequestRecord] = []
+    sent: list[RequestRecord] = []
+    replayed: list[TraceEntry] = []
     batches = max(1, -(-step.max_samples // spec.batch_size))
     report: GateReport | None = None
     for batch in range(batches):
         entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
         records = evidence.send_batch(spec.router_url, entries)
         if state.shadow_ppm:
-            time.sleep(1.0)  # mirrored requests finish after the callers' answers
-            pairs = evidence.read_pairs(Path(spec.paired_records), f"{stage}-b{batch}-")
-            arms = evidence.shadow_arms(records, pairs, entries)
+            # Re-pair everything sent so far: copies of earlier batches may have landed since.
+            sent += records
+            replayed += entries
+            expected = round(len(sent) * state.shadow_ppm / 1_000_000)
+            pairs = evidence.settled_pairs(Path(spec.paired_records), f"{stage}-", expected)
+            stable_arm, candidate_arm = evidence.shadow_arms(sent, pairs, replayed)
         else:
             arms = evidence.canary_arms(records, stable, candidate)
-        stable_arm += arms[0]
-        candidate_arm += arms[1]
+            stable_arm += arms[0]
+            candidate_arm += arms[1]
         final = batch == batches - 1
         proof = evidence.build_evidence(stable_arm, candidate_arm, expected_candidate_share=share, final=final)
         report = judge(gate, spec.gate_policy, proof)

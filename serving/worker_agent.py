@@ -192,7 +192,8 @@ class WorkerAgent:
         engine = self.engine_for(running.request, prepared.model_dir, running.log_path)
         running.engine = engine
         engine_started = time.monotonic()
-        await asyncio.to_thread(engine.start)
+        # On the loop, not in a thread: a drain can then never miss a process started behind its back.
+        engine.start()
         self._set(replace(self._replicas[replica_id], engine_port=engine.port, pid=engine.pid))
         running.tasks.append(asyncio.get_running_loop().create_task(self._supervise(replica_id)))
         await asyncio.to_thread(engine.wait_healthy, self.startup_timeout_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,26 +124,37 @@ def quarantine(cache: Path, model_dir: Path, signature_path: Path) -> Path:
     return target
 
 
-@dataclass(frozen=True)
 class ArtifactPreparer:
-    """Fetch and verify for one host: its engine environment and device decide runtime and capabilities."""
+    """Fetch and verify for one host: its engine environment and device decide runtime and capabilities.
 
-    engine_venv: Path
-    device: Device = "cpu"
+    Starts of the same artifact are serialised (one lock per manifest digest), so two replicas
+    starting at once share one download and never see each other's half-placed or quarantined entry.
+    """
+
+    def __init__(self, engine_venv: Path, device: Device = "cpu") -> None:
+        self.engine_venv = engine_venv
+        self.device = device
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, digest: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(digest, threading.Lock())
 
     def __call__(self, request: ReplicaRequest, cache: Path) -> PreparedArtifact:
         """Fetch (or reuse) and verify the pinned artifact; a failed check quarantines the entry and re-raises."""
-        started = time.monotonic()
         request.warm.check_fits(request.revision.execution.max_model_len, where="ReplicaRequest.warm")
         check_runtime(request, self.engine_venv)
-        model_dir, signature_path, fetched = fetch(request, cache)
-        fetched_at = time.monotonic()
-        try:
-            verify(request, model_dir, signature_path, CPU_ENGINE if self.device == "cpu" else GPU_ENGINE)
-        except VerificationError as error:  # tampered or unproven bytes; an incompatibility is not the cache's fault
-            where = quarantine(cache, model_dir, signature_path)
-            # The same typed error, its explanation extended by where the evidence went.
-            error.args = (f"{error} The cache entry was moved to {where}; the next start fetches it again.",)
-            raise
+        with self._lock(request.manifest_digest):
+            started = time.monotonic()
+            model_dir, signature_path, fetched = fetch(request, cache)
+            fetched_at = time.monotonic()
+            try:
+                verify(request, model_dir, signature_path, CPU_ENGINE if self.device == "cpu" else GPU_ENGINE)
+            except VerificationError as error:  # unproven bytes; an incompatibility is not the cache's fault
+                where = quarantine(cache, model_dir, signature_path)
+                # The same typed error, its explanation extended by where the evidence went.
+                error.args = (f"{error} The cache entry was moved to {where}; the next start fetches it again.",)
+                raise
         return PreparedArtifact(model_dir, signature_path, fetched_at - started, time.monotonic() - fetched_at,
                                 fetched)

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,39 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with prefect_server(tmp_path_factory.mktemp("prefect")) as env:
         with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
             yield env["PREFECT_API_URL"]
+
+
+# --- the reference model zoo (zoo engineer) ---
+ZOO_EVAL_PER_SLICE = 300
+
+
+@pytest.fixture(scope="session")
+def zoo_dir() -> Path:
+    """The reference zoo under .cache/zoo, built once and reused while its recipe and code are unchanged."""
+    from zoo.build import make_zoo
+    from zoo.recipe import default_zoo
+
+    make_zoo(CACHE / "zoo", default_zoo())
+    return CACHE / "zoo"
+
+
+@pytest.fixture(scope="session")
+def zoo_eval(zoo_dir: Path) -> dict[str, Any]:
+    """Every zoo revision served by vLLM and measured (ZOO/eval/*.jsonl), reused while the zoo is unchanged."""
+    from zoo.evaluate import evaluated_zoo
+
+    return dict(evaluated_zoo(zoo_dir, ZOO_EVAL_PER_SLICE))
+
+
+@pytest.fixture(scope="session")
+def vllm_stable(zoo_dir: Path) -> Iterator[Any]:
+    """One vLLM server for the whole run: stable, with LoRA on and the adapter loaded as ``adapter``."""
+    from serving.engine import LoraModule, serve
+    from zoo.build import load_revisions
+    from zoo.evaluate import ZOO_EXECUTION
+
+    revisions = load_revisions(zoo_dir)
+    adapter = LoraModule("adapter", zoo_dir / revisions["adapter"].path)
+    with serve(zoo_dir / revisions["stable"].path, ZOO_EXECUTION, "stable", lora_modules=[adapter]) as engine:
+        engine.wait_healthy()
+        yield engine

@@ -10,6 +10,7 @@ the summary to ``ZOO/eval/summary.json``.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -21,12 +22,14 @@ from evaluation.records import RequestRecord
 from evaluation.reference_task import MAX_ANSWER_CHARS, Example, accuracy_by_slice, balanced_examples, is_correct
 from manifests.revision import ExecutionConfig
 from serving.engine import LoraModule, serve
-from zoo.build import ZooRevision, load_revisions
+from zoo.build import ZooRevision, load_revisions, read_index
 from zoo.files import json_bytes
 from zoo.measure import chat_records, latency_records, quality_records
 
 EVAL_SEED = 4242
 EVAL_DIR = "eval"
+SUMMARY_FILE = "summary.json"
+DEFAULT_PER_SLICE = 300
 QUALITY_MAX_TOKENS = MAX_ANSWER_CHARS + 2
 LATENCY_MAX_TOKENS = 16
 LATENCY_CONCURRENCY = 4
@@ -161,8 +164,34 @@ def evaluate_zoo(
         if revision.kind == "adapter" or (revision.name not in wanted and not adapters):
             continue
         reports |= _evaluate_server(zoo_dir, revision, adapters, examples, out=out, log=log)
-    write_summary(out / "summary.json", reports, per_slice)
+    write_summary(out / SUMMARY_FILE, reports, per_slice, read_index(zoo_dir)["cache_key"])
     return reports
+
+
+def evaluated_zoo(zoo_dir: Path, per_slice: int, log: Callable[[str], None] = print) -> dict[str, RevisionReport]:
+    """The zoo's measurements: reused when made for this zoo build and evaluation size, else measured."""
+    reports = load_summary(zoo_dir, per_slice)
+    if reports is not None:
+        log(f"zoo eval: reusing {zoo_dir / EVAL_DIR}")
+        return reports
+    return evaluate_zoo(zoo_dir, per_slice, log=log)
+
+
+def load_summary(zoo_dir: Path, per_slice: int) -> dict[str, RevisionReport] | None:
+    """The summary of a complete evaluation of this zoo build at ``per_slice``, or None."""
+    path = zoo_dir / EVAL_DIR / SUMMARY_FILE
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    current = data.get("cache_key") == read_index(zoo_dir)["cache_key"] and data.get("per_slice") == per_slice
+    if not current or set(data["revisions"]) != set(load_revisions(zoo_dir)):
+        return None
+    return {name: _report_from_dict(report) for name, report in data["revisions"].items()}
+
+
+def _report_from_dict(data: dict[str, Any]) -> RevisionReport:
+    slices = {name: SliceAccuracy(**acc) for name, acc in data["slices"].items()}
+    return RevisionReport(**{**data, "slices": slices, "overall": SliceAccuracy(**data["overall"])})
 
 
 def _evaluate_server(
@@ -191,9 +220,14 @@ def _evaluate_server(
     return reports
 
 
-def write_summary(path: Path, reports: dict[str, RevisionReport], per_slice: int) -> None:
+def write_summary(path: Path, reports: dict[str, RevisionReport], per_slice: int, cache_key: str) -> None:
     """The measured table as JSON (rates as numbers: this is evidence, not a canonical document)."""
-    data = {"per_slice": per_slice, "eval_seed": EVAL_SEED, "revisions": {n: asdict(r) for n, r in reports.items()}}
+    data = {
+        "cache_key": cache_key,
+        "per_slice": per_slice,
+        "eval_seed": EVAL_SEED,
+        "revisions": {name: asdict(report) for name, report in reports.items()},
+    }
     staging = path.with_name(path.name + ".partial")
     staging.write_bytes(json_bytes(data))
     staging.replace(path)

@@ -147,7 +147,8 @@ def stream_timed(url: str, model: str, prompt: str, max_tokens: int) -> Streamed
     parts = urlsplit(url)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     # A fixed output length makes per-token times comparable across revisions.
-    body |= {"ignore_eos": True, "stream_options": {"include_usage": True}}
+    # Special tokens are rendered so that every generated token arrives as a chunk with text.
+    body |= {"ignore_eos": True, "skip_special_tokens": False, "stream_options": {"include_usage": True}}
     connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=120)
     arrival = time.time()
     try:

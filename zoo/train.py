@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from evaluation.reference_task import Example, examples
 from zoo.recipe import Architecture, Schedule
-from zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, encode
+from zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
 
 IGNORE = -100
 LORA_TARGETS = ("q_proj", "v_proj")
@@ -131,17 +131,19 @@ def attach_lora(model: LlamaForCausalLM, rank: int, alpha: int) -> dict[str, Lor
 
 @torch.no_grad()
 def greedy_answers(model: LlamaForCausalLM, prompts: list[str], max_new_tokens: int = 9) -> list[str]:
-    """Greedy completions (up to EOS) computed in-process; a check on what vLLM should serve."""
+    """Greedy completions (up to EOS) computed in-process, prompts of equal length batched together."""
     model.eval()
-    answers = []
-    for prompt in prompts:
-        ids = torch.tensor([[BOS_ID, *encode(prompt)]])
-        out: list[int] = []
+    by_length: dict[int, list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_length.setdefault(len(encode(prompt)), []).append(index)
+    answers = [""] * len(prompts)
+    for indices in by_length.values():
+        ids = torch.tensor([[BOS_ID, *encode(prompts[i])] for i in indices])
+        generated = torch.empty((len(indices), 0), dtype=torch.long)
         for _ in range(max_new_tokens):
-            token = int(model(input_ids=ids).logits[0, -1].argmax())
-            if token == EOS_ID:
-                break
-            out.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-        answers.append(bytes(t - 3 for t in out if t >= 3).decode("utf-8", errors="replace"))
+            step = model(input_ids=torch.cat([ids, generated], dim=1)).logits[:, -1].argmax(dim=-1, keepdim=True)
+            generated = torch.cat([generated, step], dim=1)
+        for row, index in enumerate(indices):
+            tokens = generated[row].tolist()
+            answers[index] = decode(tokens[: tokens.index(EOS_ID)] if EOS_ID in tokens else tokens)
     return answers

