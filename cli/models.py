@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     make = commands.add_parser("make", help="train the zoo into OUT_DIR (reused when already current)")
     make.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    make.add_argument(
+        "--scale", type=float, default=1.0, help="shorten every training schedule (quick trials; not the reference zoo)"
+    )
     make.set_defaults(func=_make)
 
     evaluate = commands.add_parser("eval", help="serve each revision with vLLM and measure accuracy and speed")
@@ -31,7 +34,7 @@ def _make(args: argparse.Namespace) -> int:
     from zoo.build import make_zoo
     from zoo.recipe import default_zoo
 
-    revisions = make_zoo(args.out_dir, default_zoo())
+    revisions = make_zoo(args.out_dir, default_zoo(args.scale))
     for revision in revisions.values():
         print(f"{revision.name:<17} {revision.artifact_digest}  {revision.path}")
     return 0

@@ -82,8 +82,8 @@ def demo_plan() -> RolloutPlan:
 
 
 def demo_policy() -> GatePolicy:
-    """Per-family quality gates with a 5-point margin; loose SLOs for a shared CPU."""
-    return GatePolicy.build(slice_keys=["family"], quality_margin="0.05", min_samples_per_slice=30,
+    """Per-slice (task family x length) quality gates with a 5-point margin; loose latency margins for a shared CPU."""
+    return GatePolicy.build(slice_keys=["family", "length"], quality_margin="0.05", min_samples_per_slice=30,
                             max_samples_per_stage=1200, look_every=200, latency_margin="0.5")
 
 

@@ -74,7 +74,7 @@ def prefect_env(home: Path, port: int) -> dict[str, str]:
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_LOGGING_LEVEL": "INFO",
     }
 
 

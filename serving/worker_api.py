@@ -40,10 +40,12 @@ def _error_body(error: RevgateError) -> dict[str, Any]:
     return {"error": {"type": type(error).__name__, "message": str(error), "where": error.where, "fix": error.fix}}
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] = []) -> None:  # noqa: B006
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
     payload = json.dumps(body).encode("utf-8")
     base = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": base + headers})
+    await send({"type": "http.response.start", "status": status, "headers": [*base, *headers]})
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -89,7 +91,7 @@ class ControlApp:
         raw_auth = headers.get(b"authorization")
         if not authorized(raw_auth.decode("latin-1") if raw_auth is not None else None, self.token):
             await _send_json(send, 401, {"error": {"type": "Unauthorized", "message": "missing or wrong bearer token"}},
-                             [(b"www-authenticate", b"Bearer")])
+                             ((b"www-authenticate", b"Bearer"),))
             return
         try:
             status, body = await self._route(method, path, receive)

@@ -228,3 +228,13 @@ def test_unknown_store_path_fails_fast(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "cli.main", "route", "show", "--routes", str(tmp_path), "--route", "nothing"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "RouteNotFound" in result.stderr
+
+
+def test_deadline_answers_504_and_records_a_timeout(router: RouterProcess, farm: UpstreamFarm) -> None:
+    router.commit(stable_a(farm))
+    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 10, "user": "delay-ms:100"}
+    response = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10,
+                          headers={"x-revgate-timeout-ms": "200", "x-request-id": "too-slow"})
+    assert response.status_code == 504 and response.headers["x-revgate-revision"] == fingerprint("a")
+    assert [record.outcome for record in records(router) if record.request_id == "too-slow"] == ["timeout"]
+    assert complete(router).status_code == 200  # the router serves on after a timeout

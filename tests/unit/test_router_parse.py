@@ -44,3 +44,14 @@ def test_metrics_render_prometheus_text_with_bounded_labels() -> None:
     assert 'revgate_router_ttft_seconds_bucket{route="chat",revision="abc",le="0.005"} 1' in text
     assert 'revgate_router_ttft_seconds_bucket{route="chat",revision="abc",le="+Inf"} 2' in text
     assert 'revgate_router_ttft_seconds_count{route="chat",revision="abc"} 2' in text
+
+
+def test_fast_record_lines_equal_the_schema_serialisation() -> None:
+    from evaluation.records import RequestRecord
+    from serving.router_records import dataclass_line
+
+    record = RequestRecord(request_id="r1", revision="sha256:" + "a" * 64, arm="candidate", arrival_s=1.5,
+                           outcome="ok", slices={"lang": "en"}, first_token_s=1.6, output_tokens=3,
+                           output_text="héllo")
+    assert dataclass_line(record) == record.to_json()
+    assert RequestRecord.from_json(dataclass_line(record)) == record

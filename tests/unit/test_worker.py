@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import MutableMapping
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from manifests import ArtifactManifest, ExecutionConfig, InterfacePolicy, Manife
 from manifests.revision import ServiceRevision
 from manifests.worker import WarmProfile
 from serving.worker_agent import WorkerAgent, served_model_name
+from serving.worker_api import ControlApp
 from serving.worker_auth import TokenFileInvalid, authorized, load_token, write_token
 from serving.worker_drain import Admission
 from serving.worker_proxy import (
@@ -267,3 +270,43 @@ def test_a_gpu_worker_starts_gpu_vllm_with_the_execution_settings(tmp_path: Path
     cpu_request = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY)
     cpu = WorkerAgent(tmp_path, device="cpu").engine_for(cpu_request, tmp_path / "model", tmp_path / "log")
     assert cpu.env["VLLM_TARGET_DEVICE"] == "cpu" and "--kv-cache-memory-bytes" in cpu.command
+
+
+# ----- control API (the ASGI app called directly: no server, no engine)
+
+
+def call_api(app: ControlApp, method: str, path: str, token: str | None, body: bytes = b"") -> tuple[int, Any]:
+    sent: list[dict[str, Any]] = []
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+def test_control_api_refuses_a_wrong_token_before_doing_anything(tmp_path: Path) -> None:
+    agent = WorkerAgent(tmp_path, preparer=lambda request, cache: pytest.fail("nothing may be prepared"))
+    app = ControlApp(agent, "the-right-token-0123456789")
+    body = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY).canonical()
+    for token in (None, "the-wrong-token-0123456789"):
+        status, answer = call_api(app, "POST", "/v1/replicas", token, body)
+        assert status == 401 and answer["error"]["type"] == "Unauthorized"
+    assert agent.replicas() == []
+    assert call_api(app, "GET", "/healthz", None)[0] == 200
+
+
+def test_control_api_names_bad_requests_and_unknown_replicas(tmp_path: Path) -> None:
+    app = ControlApp(WorkerAgent(tmp_path), "the-right-token-0123456789")
+    token = "the-right-token-0123456789"
+    status, answer = call_api(app, "POST", "/v1/replicas", token, b'{"store": "s"}')
+    assert status == 400 and answer["error"]["type"] == "ManifestInvalid" and "revision" in answer["error"]["message"]
+    status, answer = call_api(app, "GET", "/v1/replicas/nope-1", token)
+    assert status == 404 and answer["error"]["type"] == "UnknownReplica"
+    assert call_api(app, "GET", "/v1/capacity", token) == (200, {"revisions": {}})
+    assert call_api(app, "DELETE", "/v1/replicas", token)[0] == 404

@@ -1,0 +1,102 @@
+"""The zoo's pure parts: tokenizer files, widening, LoRA, determinism, grading and intervals."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from evaluation.records import RequestRecord
+from zoo import tokenizer
+from zoo.build import cache_key, widen
+from zoo.evaluate import grade, markdown_table, slice_accuracy, wilson
+from zoo.files import save_weights
+from zoo.recipe import Architecture, Schedule, ZooConfig, default_zoo
+from zoo.train import attach_lora, new_model, pin_threads, train
+
+TINY = Architecture(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, max_positions=32)
+
+
+def test_wilson_interval_matches_known_values() -> None:
+    low, high = wilson(5, 10)
+    assert (round(low, 4), round(high, 4)) == (0.2366, 0.7634)
+    low, high = wilson(0, 10)
+    assert low == 0.0 and round(high, 4) == 0.2775
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_tokenizer_file_encodes_bytes_with_bos_and_decodes_back() -> None:
+    loaded = Tokenizer.from_str(tokenizer.tokenizer_json().decode())
+    encoding = loaded.encode("sort 3120=")
+    assert encoding.ids == [tokenizer.BOS_ID, *tokenizer.encode("sort 3120=")]
+    assert loaded.decode([*encoding.ids, tokenizer.EOS_ID]) == "sort 3120="
+    assert loaded.get_vocab_size() == tokenizer.VOCAB_SIZE
+
+
+def test_widened_model_gives_identical_logits_with_more_layers() -> None:
+    config = ZooConfig(architecture=TINY)
+    parent = new_model(TINY, 1)
+    widened = new_model(replace(TINY, num_layers=5), 2)
+    widened.load_state_dict(widen(parent.state_dict(), config, 3))
+    ids = torch.tensor([[1, *tokenizer.encode("add 12+7=")]])
+    with torch.no_grad():
+        assert torch.equal(parent(input_ids=ids).logits, widened(input_ids=ids).logits)
+
+
+def test_training_is_byte_identical_for_the_same_seed(tmp_path: Path) -> None:
+    pin_threads(1)
+    schedule = Schedule(steps=3, learning_rate=3e-3, data_seed=5, batch_size=8, warmup_steps=1)
+    for name in ("a", "b"):
+        model = new_model(TINY, 7)
+        train(model, schedule)
+        save_weights(tmp_path / f"{name}.safetensors", model.state_dict())
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+def test_lora_starts_as_the_base_model_and_trains_only_the_adapter() -> None:
+    model = new_model(TINY, 3)
+    ids = torch.tensor([[1, *tokenizer.encode("rev abc=")]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    adapters = attach_lora(model, rank=4, alpha=8)
+    with torch.no_grad():
+        assert torch.equal(before, model(input_ids=ids).logits)
+    assert sorted(adapters) == [f"model.layers.{i}.self_attn.{t}" for i in range(2) for t in ("q_proj", "v_proj")]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len(trainable) == 2 * len(adapters)
+
+
+def test_cache_key_follows_the_recipe() -> None:
+    assert cache_key(default_zoo()) == cache_key(default_zoo())
+    assert cache_key(default_zoo()) != cache_key(default_zoo(scale=0.5))
+
+
+def record(family: str, length: str, output: str, reference: str) -> RequestRecord:
+    slices = {"family": family, "length": length, "tenant": "tenant-a"}
+    return RequestRecord("r", "stable", "direct", 0.0, "ok", slices=slices, output_text=output, reference=reference)
+
+
+def test_grade_counts_exact_matches_per_task_slice() -> None:
+    records = [record("add", "short", "7", "7"), record("add", "short", "8", "7"), record("rev", "long", "cba", "cba")]
+    slices, overall = grade(records)
+    assert (slices["add/short"].correct, slices["add/short"].total) == (1, 2)
+    assert slices["rev/long"].accuracy == 1.0
+    assert (overall.correct, overall.total) == (2, 3)
+
+
+def test_markdown_table_has_a_row_per_revision_with_intervals() -> None:
+    from zoo.evaluate import RevisionReport
+
+    acc = slice_accuracy(45, 50)
+    report = RevisionReport("stable", {"add/short": acc}, acc, 0.9, 100.0, 12.0, 3.0)
+    table = markdown_table({"stable": report, "slow": replace(report, revision="slow")})
+    assert table.count("\n") == 3
+    assert "| stable | 90.0 [78.6, 95.7] |" in table
+
+
+def test_unknown_revision_spec_is_a_key_error() -> None:
+    with pytest.raises(KeyError):
+        default_zoo().revision("nonexistent")
