@@ -1,0 +1,48 @@
+"""One end-to-end run through a real vLLM replica: the official client, through the router, to the engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from evaluation.records import RequestRecord
+from manifests.route import RouteSnapshot
+from tests.integration.router_harness import RouterProcess, fingerprint, router_process
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def engine_router(vllm_stable: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+    first = RouteSnapshot.build(
+        route="chat", generation=1, created_by="tests", created_at="2026-11-29T10:00:00Z",
+        # Callers ask for the route; the replica serves the model as "stable": the router rewrites it.
+        stable={"fingerprint": fingerprint("stable"), "endpoints": [vllm_stable.url], "served_model": "stable"},
+    )
+    with router_process(Path(tmp_path_factory.mktemp("engine-router")), "chat", first) as process:
+        yield process
+
+
+def test_openai_client_through_the_router_to_vllm(engine_router: RouterProcess) -> None:
+    client = openai.OpenAI(base_url=f"{engine_router.url}/v1", api_key="unused", max_retries=0)
+    completion = client.completions.create(model="chat", prompt="add 2+3=", max_tokens=4, temperature=0)
+    assert completion.model == "stable" and completion.usage and completion.usage.completion_tokens >= 1
+    raw = client.chat.completions.with_raw_response.create(
+        model="chat", messages=[{"role": "user", "content": "add 2+3="}], max_tokens=4, temperature=0)
+    assert raw.headers["x-revgate-revision"] == fingerprint("stable")
+    assert raw.headers["x-revgate-generation"] == "1"
+    stream = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "add 2+3="}],
+                                            max_tokens=4, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert next(model.id for model in client.models.list()) == "stable"
+    time.sleep(0.4)  # records are flushed in batches
+    records = [RequestRecord.from_json(line) for line in engine_router.records_lines()]
+    served = [record for record in records if record.outcome == "ok" and record.output_tokens]
+    assert len(served) >= 3 and all(record.revision == fingerprint("stable") for record in served)
+    assert all(record.ttft_s is not None and record.ttft_s > 0 for record in served)
