@@ -187,6 +187,20 @@ def tail_lines(path: Path, count: int = 20) -> str:
     return "\n".join(lines[-count:])
 
 
+def session_cpu_seconds(session_id: int) -> float:
+    """User + system CPU seconds of the live processes whose session id is ``session_id``."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended while we looked
+        # After the command name: state, ppid, pgrp, session, ..., utime (12th), stime (13th).
+        if int(fields[3]) == session_id:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class EngineProcess:
     """One vLLM server subprocess: start, wait until healthy, stop with the port released.
 
@@ -218,6 +232,14 @@ class EngineProcess:
     def pid(self) -> int | None:
         """The server's process id while it runs."""
         return None if self._process is None else self._process.pid
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by the engine and every process of its session.
+
+        Unlike latency, this barely moves when other work shares the cores, so it compares the
+        per-token cost of two revisions fairly on a busy host. Linux only (reads /proc).
+        """
+        return session_cpu_seconds(self.pid) if self.pid is not None else 0.0
 
     def start(self) -> None:
         """Start the server process (returns at once; see :meth:`wait_healthy`)."""

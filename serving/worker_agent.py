@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from serving.worker_request import ReplicaRequest
 from serving.worker_state import DrainReport, Failure, Replica, ReplicaState
 from serving.worker_warm import vocab_size, warm_up
 
+LOG = logging.getLogger("revgate.worker")
 LOG_TAIL_LINES = 20
 SUPERVISE_EVERY_S = 0.25
 
@@ -143,6 +145,15 @@ class WorkerAgent:
                 f"no replica {replica_id!r} on this worker", fix="List replicas with GET /v1/replicas."
             ) from None
 
+    def probes(self, replica_id: str) -> dict[str, bool]:
+        """Startup (the engine answered /health once), liveness (its process runs now) and readiness
+        (warm-up passed, not draining): three separate signals, so slow loading is not death.
+        """
+        replica = self.replica(replica_id)
+        running = self._running.get(replica_id)
+        alive = running is not None and running.engine is not None and running.engine.exit_code() is None
+        return {"startup": "engine_start_s" in replica.timings_s, "liveness": alive, "readiness": replica.is_ready}
+
     def in_flight(self, replica_id: str) -> int:
         """Requests admitted by the replica's proxy and not yet finished."""
         running = self._running.get(replica_id)
@@ -165,7 +176,11 @@ class WorkerAgent:
         return replica
 
     def _set(self, replica: Replica) -> Replica:
+        previous = self._replicas.get(replica.replica_id)
         self._replicas[replica.replica_id] = replica
+        if previous is None or previous.state is not replica.state:
+            reason = f": {replica.failure.message.splitlines()[0]}" if replica.failure else ""
+            LOG.info("replica %s (%s) is %s%s", replica.replica_id, replica.served_model, replica.state, reason)
         return replica
 
     def _timed(self, replica_id: str, **timings: float) -> None:

@@ -121,7 +121,8 @@ class ControlApp:
         return 404, {"error": {"type": "NotFound", "message": f"no control action {method} {path}"}}
 
     def _view(self, replica_id: str) -> dict[str, Any]:
-        return replica_view(self.agent.replica(replica_id), self.agent.in_flight(replica_id))
+        agent = self.agent
+        return replica_view(agent.replica(replica_id), agent.in_flight(replica_id), agent.probes(replica_id))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

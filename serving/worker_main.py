@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import uvicorn
@@ -24,6 +25,7 @@ async def serve_worker(
 ) -> None:
     """Serve until SIGINT/SIGTERM; the token is checked before anything listens."""
     token = load_token(token_file)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=host,
                         startup_timeout_s=startup_timeout_s)
     config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",

@@ -12,12 +12,13 @@ from serving.worker_state import Replica, ReplicaState
 PENDING = (ReplicaState.CREATED, ReplicaState.LOADING, ReplicaState.WARMING)
 
 
-def replica_view(replica: Replica, in_flight: int = 0) -> dict[str, Any]:
-    """The JSON view of one replica: state, endpoint, readiness, requests in flight, timings, capacity,
-    failure, drain."""
+def replica_view(replica: Replica, in_flight: int = 0, probes: dict[str, bool] | None = None) -> dict[str, Any]:
+    """The JSON view of one replica: state, endpoint, readiness, probes, requests in flight, timings,
+    capacity, failure, drain."""
     view = asdict(replica)
     view["state"] = str(replica.state)
     view["ready"] = replica.is_ready
+    view["probes"] = probes if probes is not None else {"readiness": replica.is_ready}
     view["in_flight"] = in_flight
     if replica.failure is not None:
         view["failure"]["log_tail"] = list(replica.failure.log_tail)

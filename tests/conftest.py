@@ -68,9 +68,11 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     from flows.processes import prefect_server
 
-    with prefect_server(tmp_path_factory.mktemp("prefect")) as env:
-        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
-            yield env["PREFECT_API_URL"]
+    with (
+        prefect_server(tmp_path_factory.mktemp("prefect")) as env,
+        temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}),
+    ):
+        yield env["PREFECT_API_URL"]
 
 
 # --- the reference model zoo (zoo engineer) ---

@@ -14,7 +14,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ class RevisionReport:
     tokens_per_s: float
     ttft_p50_ms: float
     tpot_p50_ms: float
-    extra: dict[str, Any] = field(default_factory=dict)
+    cpu_ms_per_token: float
 
 
 def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
@@ -112,14 +112,21 @@ def subset(examples: Sequence[Example], per_slice: int) -> list[Example]:
     return chosen
 
 
-def measure_served(url: str, model: str, revision: str, examples: Sequence[Example], out: Path) -> RevisionReport:
-    """Quality, chat and latency of one served model name; writes its record files under ``out``."""
+def measure_served(
+    url: str, model: str, revision: str, examples: Sequence[Example], *, out: Path, cpu_seconds: Callable[[], float]
+) -> RevisionReport:
+    """Quality, chat and latency of one served model name; writes its record files under ``out``.
+
+    ``cpu_seconds`` reads the engine's CPU time, for the load-insensitive cost per generated token.
+    """
     quality = quality_records(url, model, revision, examples, QUALITY_MAX_TOKENS)
     chats = chat_records(url, model, revision, subset(examples, CHAT_PER_SLICE), QUALITY_MAX_TOKENS)
     prompts = [examples[i % len(examples)] for i in range(0, len(examples), max(1, len(examples) // LATENCY_REQUESTS))]
+    cpu_before = cpu_seconds()
     timed, wall = latency_records(
         url, model, revision, prompts[:LATENCY_REQUESTS], max_tokens=LATENCY_MAX_TOKENS, concurrency=LATENCY_CONCURRENCY
     )
+    cpu_used = cpu_seconds() - cpu_before
     for suffix, records in ((".jsonl", quality), (".chat.jsonl", chats), (".latency.jsonl", timed)):
         write_records(out / f"{revision}{suffix}", records)
     slices, overall = grade(quality)
@@ -129,10 +136,15 @@ def measure_served(url: str, model: str, revision: str, examples: Sequence[Examp
         slices=slices,
         overall=overall,
         chat_accuracy=chat_overall.accuracy,
-        tokens_per_s=sum(r.output_tokens or 0 for r in timed) / wall,
+        tokens_per_s=_tokens(timed) / wall,
         ttft_p50_ms=1000 * statistics.median(r.ttft_s for r in timed if r.ttft_s is not None),
         tpot_p50_ms=1000 * statistics.median(r.tpot_s for r in timed if r.tpot_s is not None),
+        cpu_ms_per_token=1000 * cpu_used / max(1, _tokens(timed)),
     )
+
+
+def _tokens(records: Sequence[RequestRecord]) -> int:
+    return sum(record.output_tokens or 0 for record in records)
 
 
 def write_records(path: Path, records: Sequence[RequestRecord]) -> None:
@@ -215,7 +227,7 @@ def _evaluate_server(
     with engine:
         engine.wait_healthy()
         for name in [revision.name, *(adapter.name for adapter in adapters)]:
-            reports[name] = measure_served(engine.url, name, name, examples, out)
+            reports[name] = measure_served(engine.url, name, name, examples, out=out, cpu_seconds=engine.cpu_seconds)
             log(format_report(reports[name]))
     return reports
 
@@ -242,7 +254,7 @@ def format_report(report: RevisionReport) -> str:
     lines = [
         f"{report.revision}: overall {pct(report.overall)}  chat {100 * report.chat_accuracy:5.1f}%  "
         f"{report.tokens_per_s:6.0f} tok/s  TTFT p50 {report.ttft_p50_ms:5.1f} ms  "
-        f"TPOT p50 {report.tpot_p50_ms:5.1f} ms"
+        f"TPOT p50 {report.tpot_p50_ms:5.1f} ms  CPU {report.cpu_ms_per_token:5.2f} ms/token"
     ]
     lines += [f"    {name:<11} {pct(acc)}" for name, acc in report.slices.items()]
     return "\n".join(lines)
@@ -251,7 +263,7 @@ def format_report(report: RevisionReport) -> str:
 def markdown_table(reports: dict[str, RevisionReport]) -> str:
     """The docs table: accuracy per slice with 95% intervals, chat accuracy, speed."""
     slice_names = sorted({name for report in reports.values() for name in report.slices})
-    header = ["revision", "overall", *slice_names, "chat", "tok/s", "TTFT p50 ms", "TPOT p50 ms"]
+    header = ["revision", "overall", *slice_names, "chat", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "CPU ms/token"]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for report in reports.values():
         cells = [report.revision, _cell(report.overall)]
@@ -261,6 +273,7 @@ def markdown_table(reports: dict[str, RevisionReport]) -> str:
             f"{report.tokens_per_s:.0f}",
             f"{report.ttft_p50_ms:.1f}",
             f"{report.tpot_p50_ms:.2f}",
+            f"{report.cpu_ms_per_token:.2f}",
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -34,7 +34,8 @@ def test_a_concurrent_rollout_is_refused_and_changes_nothing(prefect_api: str, t
 
     store = open_route_store(str(tmp_path / "routes"))
     stable = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
-    store.write(RouteSnapshot(route="locked", generation=1, stable=stable, created_by="t", created_at=datetime.now(UTC)))
+    now = datetime.now(UTC)
+    store.write(RouteSnapshot(route="locked", generation=1, stable=stable, created_by="t", created_at=now))
     ensure_route_lock("locked")
     with concurrency(lock_name("locked"), occupy=1, strict=True), pytest.raises(RolloutInProgress) as caught:
         promote_revision(spec(tmp_path, "locked"))

