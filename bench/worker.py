@@ -1,8 +1,8 @@
 """Start-to-ready of a replica through the worker agent, split into its steps, against vLLM started by hand.
 
-One command: ``python bench/worker.py [--runs 3] [--model DIR]``. Builds (or takes) a model of the
-reference architecture, signs it with a fresh EC key and pushes it to a filesystem store, then
-alternates, ``--runs`` times each:
+One command: ``python bench/worker.py [--runs 3] [--model DIR]``. Takes the reference model
+``stable`` from .cache/zoo (or, without a zoo, a fresh model of the same architecture), signs it
+with a fresh EC key and pushes it to a filesystem store, then alternates, ``--runs`` times each:
 
 - **by hand**: ``serving.engine`` starts vLLM on the model folder with the same flags, timed from
   the call to the first ``/health`` 200 (what an operator's script would do; nothing is verified
@@ -152,17 +152,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=3, help="starts per system (alternating)")
     parser.add_argument("--no-prime", action="store_true", help="skip the untimed first start of each system")
-    parser.add_argument("--model", type=Path, default=None, help="model folder (default: a fresh tiny model)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="model folder (default: the zoo's stable revision, else a fresh tiny model)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="revgate-bench-worker-") as scratch:
         work = Path(scratch)
-        model = args.model
+        zoo_stable = ROOT / ".cache" / "zoo" / "models" / "stable"
+        model = args.model or (zoo_stable if zoo_stable.is_dir() else None)
         if model is None:
             model = work / "model"
             subprocess.run([sys.executable, "-c", MODEL_SCRIPT, str(model)], check=True, cwd=ROOT,
                            capture_output=True)
         request = publish(model, work)
         model_bytes = sum(path.stat().st_size for path in model.rglob("*") if path.is_file())
+        model_label = str(model.relative_to(ROOT)) if model.is_relative_to(ROOT) else "a fresh untrained model"
         process, client = start_worker(work)
         hand: list[float] = []
         agent: list[dict[str, float]] = []
@@ -177,10 +180,10 @@ def main() -> None:
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
-    report(args, model_bytes, hand, agent)
+    report(args, (model_label, model_bytes), hand, agent)
 
 
-def report(args: argparse.Namespace, model_bytes: int, hand: list[float], agent: list[dict[str, float]]) -> None:
+def report(args: argparse.Namespace, model: tuple[str, int], hand: list[float], agent: list[dict[str, float]]) -> None:
     agent_figures = {name: median([run[name] for run in agent]) for name in agent[0]}
     hand_figures = {"start_to_ready_s": median(hand), "engine_start_s": median(hand)}
     overhead = median([run["start_to_ready_s"] - run["engine_start_s"] for run in agent])
@@ -198,7 +201,8 @@ def report(args: argparse.Namespace, model_bytes: int, hand: list[float], agent:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "runs": args.runs,
-        "model_bytes": model_bytes,
+        "model": model[0],
+        "model_bytes": model[1],
         "warm_profile": json.loads(WARM.canonical()),
         "agent": agent_figures,
         "by_hand": hand_figures,

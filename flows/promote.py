@@ -190,7 +190,7 @@ class Promotion:
         form = Approval.with_initial_data(
             description=f"## {step.prompt}\n\n{markdown}", evidence_digest=self.state.evidence_digest, approve=False
         )
-        answer = pause_flow_run(wait_for_input=form, timeout=self.spec.approval_timeout_s)
+        answer = pause_flow_run(wait_for_input=form, timeout=self.spec.approval_timeout_s, poll_interval=2)
         if answer is None:
             return ApprovalGiven(False, self.state.evidence_digest, by="timeout")
         self.ledger.log_json(self.run, "approval", answer.model_dump(mode="json"))

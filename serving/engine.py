@@ -11,6 +11,8 @@ cannot share), which is why it is a subprocess and never imported here.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import http.client
 import os
 import signal
@@ -33,6 +35,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # NUMA node and fails to start there.
 DEFAULT_CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class EngineError(RevgateError):
@@ -187,6 +190,13 @@ def tail_lines(path: Path, count: int = 20) -> str:
     return "\n".join(lines[-count:])
 
 
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM the engine if its parent dies, so a killed run leaves no server."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def session_cpu_seconds(session_id: int) -> float:
     """User + system CPU seconds of the live processes whose session id is ``session_id``."""
     ticks = 0
@@ -250,7 +260,12 @@ class EngineProcess:
         self._log = self.log_path.open("wb")
         # Own session: stopping the group also stops any helper process the engine spawned.
         self._process = subprocess.Popen(
-            self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            self.command,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_stop_with_parent,  # noqa: PLW1509 - only calls prctl, no locks or threads
         )
 
     def wait_healthy(self, timeout: float = 180.0) -> None:

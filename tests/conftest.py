@@ -101,8 +101,8 @@ def zoo_eval(zoo_dir: Path) -> dict[str, Any]:
 def vllm_stable(zoo_dir: Path) -> Iterator[Any]:
     """One vLLM server for the whole run: stable, with LoRA on and the adapter loaded as ``adapter``."""
     from serving.engine import LoraModule, serve
-    from zoo.build import load_revisions
     from zoo.evaluate import ZOO_EXECUTION
+    from zoo.index import load_revisions
 
     revisions = load_revisions(zoo_dir)
     adapter = LoraModule("adapter", zoo_dir / revisions["adapter"].path)

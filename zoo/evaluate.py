@@ -22,8 +22,8 @@ from evaluation.records import RequestRecord
 from evaluation.reference_task import MAX_ANSWER_CHARS, Example, accuracy_by_slice, balanced_examples, is_correct
 from manifests.revision import ExecutionConfig
 from serving.engine import LoraModule, serve
-from zoo.build import ZooRevision, load_revisions, read_index
 from zoo.files import json_bytes
+from zoo.index import ZooRevision, folder_lock, load_revisions, read_index
 from zoo.measure import chat_records, latency_records, quality_records
 
 EVAL_SEED = 4242
@@ -163,6 +163,13 @@ def evaluate_zoo(
     zoo_dir: Path, per_slice: int, names: Sequence[str] = (), log: Callable[[str], None] = print
 ) -> dict[str, RevisionReport]:
     """Serve each full-model revision in turn (adapters ride on their base's server) and measure it."""
+    with folder_lock(zoo_dir / EVAL_DIR):
+        return _evaluate(zoo_dir, per_slice, names, log)
+
+
+def _evaluate(
+    zoo_dir: Path, per_slice: int, names: Sequence[str], log: Callable[[str], None]
+) -> dict[str, RevisionReport]:
     revisions = load_revisions(zoo_dir)
     wanted = set(names or revisions)
     examples = eval_set(per_slice)
@@ -181,12 +188,16 @@ def evaluate_zoo(
 
 
 def evaluated_zoo(zoo_dir: Path, per_slice: int, log: Callable[[str], None] = print) -> dict[str, RevisionReport]:
-    """The zoo's measurements: reused when made for this zoo build and evaluation size, else measured."""
-    reports = load_summary(zoo_dir, per_slice)
-    if reports is not None:
-        log(f"zoo eval: reusing {zoo_dir / EVAL_DIR}")
-        return reports
-    return evaluate_zoo(zoo_dir, per_slice, log=log)
+    """The zoo's measurements: reused when made for this zoo build and evaluation size, else measured.
+
+    One evaluator at a time per zoo: concurrent test runs wait and then reuse its results.
+    """
+    with folder_lock(zoo_dir / EVAL_DIR):
+        reports = load_summary(zoo_dir, per_slice)
+        if reports is not None:
+            log(f"zoo eval: reusing {zoo_dir / EVAL_DIR}")
+            return reports
+        return _evaluate(zoo_dir, per_slice, (), log)
 
 
 def load_summary(zoo_dir: Path, per_slice: int) -> dict[str, RevisionReport] | None:
@@ -198,7 +209,10 @@ def load_summary(zoo_dir: Path, per_slice: int) -> dict[str, RevisionReport] | N
     current = data.get("cache_key") == read_index(zoo_dir)["cache_key"] and data.get("per_slice") == per_slice
     if not current or set(data["revisions"]) != set(load_revisions(zoo_dir)):
         return None
-    return {name: _report_from_dict(report) for name, report in data["revisions"].items()}
+    try:
+        return {name: _report_from_dict(report) for name, report in data["revisions"].items()}
+    except (KeyError, TypeError):
+        return None  # written by an older version of this module: measure again
 
 
 def _report_from_dict(data: dict[str, Any]) -> RevisionReport:

@@ -1,13 +1,16 @@
 """The gates on real traffic: the reference models served by vLLM, graded against reference answers.
 
-Reads the zoo's evaluation records (ZOO/eval/<revision>.jsonl: the balanced evaluation set as
-greedy completions; ZOO/eval/<revision>.latency.jsonl: streamed requests with real TTFT and TPOT),
-made once per run by the session fixtures ``zoo_dir`` and ``zoo_eval``.
+Quality reads the zoo's evaluation records (ZOO/eval/<revision>.jsonl: the balanced evaluation set
+as greedy completions, made once per run by the session fixtures ``zoo_dir`` and ``zoo_eval``).
+Latency and SLOs come from replaying one open-loop trace against the stable and the slow revision at
+the same time, so stable is a concurrent baseline on the same shared CPUs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +21,12 @@ from evaluation import metrics
 from evaluation.evidence import build_evidence, read_records, reference_task_grade
 from evaluation.gates import Evidence, QualityGate, gates_from_policy, judge
 from evaluation.records import Arm, RequestRecord
-from manifests.gates import GatePolicy, GateReport
+from evaluation.replay import ReplayResult, replay
+from evaluation.traces import TraceEntry, generate_trace
+from manifests.gates import GatePolicy
+from serving.engine import EngineProcess, serve
+from zoo.evaluate import ZOO_EXECUTION
+from zoo.index import load_revisions
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +44,11 @@ def quality_evidence(zoo_dir: Path, candidate: str) -> Evidence:
 
 
 def quality_policy(evidence: Evidence, slice_keys: tuple[str, ...]) -> GatePolicy:
-    """The stage plan fits the evaluation set: its per-slice size is the horizon, four looks."""
+    """The stage plan fits the evaluation set: its per-slice size is the horizon, four looks.
+
+    With 300 answers per slice and arm, a 10-point margin is about the smallest non-inferiority
+    that can be shown at alpha 0.05 / 6 slices; the regressed slice drops 16 points.
+    """
     per_slice = _per_slice(evidence, slice_keys)
     return GatePolicy.build(
         slice_keys=list(slice_keys),
@@ -81,12 +93,12 @@ def test_improved_revision_passes_every_slice(zoo_dir: Path, zoo_eval: object) -
 
 
 def slo_policy(stable: tuple[RequestRecord, ...]) -> GatePolicy:
-    """An SLO the stable revision meets with room: TPOT and E2E within 1.5x stable's own p90."""
+    """An SLO the stable revision meets in the same window, with room: TPOT and E2E within 1.5x its p90."""
     tpot = float(np.quantile(metrics.latencies_ms(stable, "tpot"), 0.9))
     e2e = float(np.quantile(metrics.latencies_ms(stable, "e2e"), 0.9))
     n = len(stable)
     return GatePolicy.build(
-        slo=[{"tpot_ms": math.ceil(1.5 * tpot), "e2e_ms": math.ceil(1.5 * e2e), "attainment": "0.75"}],
+        slo=[{"tpot_ms": math.ceil(1.5 * tpot), "e2e_ms": math.ceil(1.5 * e2e), "attainment": "0.7"}],
         latency_metrics=["tpot"],
         latency_margin="0.25",
         max_samples_per_stage=n,
@@ -95,27 +107,46 @@ def slo_policy(stable: tuple[RequestRecord, ...]) -> GatePolicy:
     )
 
 
-def latency_report(zoo_dir: Path, candidate: str, policy: GatePolicy | None = None) -> GateReport:
-    stable = load(zoo_dir, "stable", "latency", "stable")
-    policy = policy or slo_policy(stable)
-    evidence = Evidence(stable, load(zoo_dir, candidate, "latency", "candidate"), final=True)
-    return judge(gates_from_policy(policy), policy, evidence)
+@pytest.fixture(scope="module")
+def vllm_slow(zoo_dir: Path) -> Iterator[EngineProcess]:
+    """The slow revision served beside the session's stable server, for a concurrent baseline."""
+    revisions = load_revisions(zoo_dir)
+    with serve(zoo_dir / revisions["slow"].path, ZOO_EXECUTION, "slow") as engine:
+        engine.wait_healthy()
+        yield engine
 
 
-def test_slow_revision_fails_on_slo_and_latency(zoo_dir: Path, zoo_eval: object) -> None:
-    report = latency_report(zoo_dir, "slow")
+def concurrent_replay(trace: list[TraceEntry], stable_url: str, candidate_url: str) -> tuple[ReplayResult, ...]:
+    """The same open-loop trace against both revisions at the same time (stable is the concurrent baseline)."""
+
+    async def both() -> tuple[ReplayResult, ...]:
+        runs = (replay(trace, stable_url + "/v1", "stable"), replay(trace, candidate_url + "/v1", "slow"))
+        return tuple(await asyncio.gather(*runs))
+
+    return asyncio.run(both())
+
+
+def test_slow_revision_fails_on_slo_in_a_concurrent_replay(
+    zoo_dir: Path, zoo_eval: object, vllm_stable: EngineProcess, vllm_slow: EngineProcess
+) -> None:
+    # Fixed-length answers (16 tokens, EOS ignored) so every request has a TPOT.
+    trace = [
+        replace(e, body=e.body | {"max_tokens": 16, "ignore_eos": True}) for e in generate_trace(120, 8.0, seed=11)
+    ]
+    stable_run, slow_run = concurrent_replay(trace, vllm_stable.url, vllm_slow.url)
+    for run in (stable_run, slow_run):
+        assert {r.outcome for r in run.records} == {"ok"} and {r.output_tokens for r in run.records} == {16}
+    stable = tuple(replace(r, arm="stable") for r in stable_run.records)
+    slow = tuple(replace(r, arm="candidate") for r in slow_run.records)
+    policy = slo_policy(stable)
+    report = judge(gates_from_policy(policy), policy, Evidence(stable, slow, final=True))
     by_gate = {g.gate: g for g in report.gates}
     assert by_gate["slo-*"].outcome == "fail", by_gate["slo-*"]
     assert by_gate["latency-tpot"].outcome == "fail", by_gate["latency-tpot"]
-    assert report.outcome == "fail"
+    assert report.outcome == "fail" and report.notes[0].startswith("stable may serve")  # windows overlapped
+    # The SLO is one stable meets: judged on its own traffic, the SLO gate passes.
+    itself = Evidence(stable, tuple(replace(r, arm="candidate") for r in stable), final=True)
+    assert {g.gate: g.outcome for g in judge(gates_from_policy(policy), policy, itself).gates}["slo-*"] == "pass"
     # Its answers are stable's (zero-initialised extra layers): quality alone would have passed it.
     evidence = quality_evidence(zoo_dir, "slow")
     assert QualityGate(quality_policy(evidence, ("family", "length"))).evaluate(evidence).outcome != "fail"
-
-
-def test_stable_meets_the_slo_it_is_measured_against(zoo_dir: Path, zoo_eval: object) -> None:
-    stable = load(zoo_dir, "stable", "latency", "stable")
-    evidence = Evidence(stable, tuple(replace(r, arm="candidate") for r in stable), final=True)
-    policy = slo_policy(stable)
-    report = judge(gates_from_policy(policy), policy, evidence)
-    assert {g.gate: g.outcome for g in report.gates}["slo-*"] == "pass"

@@ -62,7 +62,7 @@ def published_request(tmp: Path, model: Path) -> ReplicaRequest:
     store = tmp / "store"
     open_store(str(store)).push(model, manifest, signature)
     revision = ServiceRevision.build(
-        name="tiny",
+        name="stable",
         artifact=manifest,
         runtime=engine_runtime(engine_python().parent.parent),
         execution=ExecutionConfig.build(dtype="float32", max_model_len=64, enforce_eager=True, max_num_seqs=16),
@@ -163,7 +163,7 @@ def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drai
 
 
 def check_ready_replica(replica: dict[str, Any], request: ReplicaRequest) -> None:
-    assert replica["served_model"] == f"tiny@{request.revision.short}"
+    assert replica["served_model"] == f"stable@{request.revision.short}"
     assert replica["revision"] == request.revision.fingerprint
     assert replica["capacity"]["requests_per_s"] > 0 and replica["capacity"]["concurrency"] == 4
     timings = replica["timings_s"]
@@ -190,10 +190,15 @@ def check_serving(replica: dict[str, Any], request: ReplicaRequest) -> None:
         # The proxy relays the engine's answer unchanged (greedy: the same text both ways).
         _, _, direct = completion(engine, replica["served_model"], 8, prompt=example.prompt)
         assert json.loads(body)["choices"][0]["text"] == json.loads(direct)["choices"][0]["text"]
-    status, headers, body = completion(replica["endpoint"], replica["served_model"], 8, stream=True)
+    _, _, whole = completion(replica["endpoint"], replica["served_model"], 8, prompt=example.prompt)
+    status, headers, body = completion(replica["endpoint"], replica["served_model"], 8, stream=True,
+                                       prompt=example.prompt)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    events = [line for line in body.decode().splitlines() if line.startswith("data: ")]
-    assert events[-1] == "data: [DONE]" and len(events) >= 9
+    assert headers["x-revgate-revision"] == request.revision.fingerprint
+    events = [line.removeprefix("data: ") for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) >= 2
+    streamed = "".join(json.loads(event)["choices"][0]["text"] for event in events[:-1])
+    assert streamed == json.loads(whole)["choices"][0]["text"]
 
 
 def check_tampered_cache_is_refused(worker: Worker) -> None:

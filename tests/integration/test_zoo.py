@@ -17,8 +17,8 @@ import pytest
 
 from evaluation.records import RequestRecord
 from evaluation.reference_task import TASK_SLICES, balanced_examples, is_correct
-from zoo.build import load_revisions
 from zoo.evaluate import EVAL_DIR, RevisionReport, read_records
+from zoo.index import load_revisions
 from zoo.measure import chat, complete_batch
 from zoo.recipe import REGRESSED_SLICE
 
@@ -53,7 +53,8 @@ def test_slow_gives_the_same_outputs_but_is_slower_per_token(
     slow_texts = [r.output_text for r in records(zoo_dir, "slow")]
     same = sum(a == b for a, b in zip(stable_texts, slow_texts, strict=True)) / len(stable_texts)
     assert same >= 0.99
-    assert zoo_eval["slow"].tpot_p50_ms > 1.3 * zoo_eval["stable"].tpot_p50_ms
+    # CPU time per token, not latency: on shared cores latency moves with other work by more than 2x.
+    assert zoo_eval["slow"].cpu_ms_per_token > 1.5 * zoo_eval["stable"].cpu_ms_per_token
 
 
 def test_latency_records_have_real_streamed_timings(zoo_dir: Path, zoo_eval: dict[str, RevisionReport]) -> None:

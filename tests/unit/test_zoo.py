@@ -11,7 +11,8 @@ from tokenizers import Tokenizer
 
 from evaluation.records import RequestRecord
 from zoo import tokenizer
-from zoo.build import cache_key, widen
+from zoo.build import cache_key
+from zoo.derive import widen
 from zoo.evaluate import grade, markdown_table, slice_accuracy, wilson
 from zoo.files import save_weights
 from zoo.recipe import Architecture, Schedule, ZooConfig, default_zoo
