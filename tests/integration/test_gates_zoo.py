@@ -135,7 +135,9 @@ def test_slow_revision_fails_on_slo_in_a_concurrent_replay(
     ]
     stable_run, slow_run = concurrent_replay(trace, vllm_stable.url, vllm_slow.url)
     for run in (stable_run, slow_run):
-        assert {r.outcome for r in run.records} == {"ok"} and {r.output_tokens for r in run.records} == {16}
+        ok = [r for r in run.records if r.outcome == "ok"]
+        assert len(run.records) == len(trace) and len(ok) >= 0.95 * len(trace), {r.error for r in run.records}
+        assert {r.output_tokens for r in ok} == {16} and all(r.ttft_s is not None for r in ok)
     stable = tuple(replace(r, arm="stable") for r in stable_run.records)
     slow = tuple(replace(r, arm="candidate") for r in slow_run.records)
     policy = slo_policy(stable)

@@ -217,7 +217,7 @@ def check_tampered_cache_is_refused(worker: Worker) -> None:
 def check_drain_with_requests_in_flight(client: WorkerClient, replica: dict[str, Any]) -> None:
     endpoint, model = replica["endpoint"], replica["served_model"]
     results: list[tuple[int, dict[str, str], bytes]] = []
-    threads = [threading.Thread(target=lambda: results.append(completion(endpoint, model, 48))) for _ in range(6)]
+    threads = [threading.Thread(target=lambda: results.append(completion(endpoint, model, 48))) for _ in range(8)]
     for thread in threads:
         thread.start()
     # A request whose body never finishes arriving: in flight, and still so when the grace period ends.
@@ -237,7 +237,7 @@ def check_drain_with_requests_in_flight(client: WorkerClient, replica: dict[str,
     assert "draining" in json.loads(body)["error"]["message"]
     for thread in threads:
         thread.join(120)
-    assert [(status, json.loads(body)["usage"]["completion_tokens"]) for status, _, body in results] == [(200, 48)] * 6
+    assert [(status, json.loads(body)["usage"]["completion_tokens"]) for status, _, body in results] == [(200, 48)] * 8
     stalled.settimeout(30)
     answer = stalled.recv(4096).decode()
     assert answer.startswith("HTTP/1.1 503") and "grace period of 8 s ended" in answer
