@@ -7,6 +7,7 @@ and measured once) and ``vllm_stable`` (stable with the LoRA adapter, one server
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import urllib.request
@@ -17,13 +18,15 @@ import pytest
 
 from evaluation.records import RequestRecord
 from evaluation.reference_task import TASK_SLICES, balanced_examples, is_correct
-from zoo.evaluate import EVAL_DIR, RevisionReport, read_records
+from serving.engine import serve
+from zoo.evaluate import EVAL_DIR, ZOO_EXECUTION, RevisionReport, read_records
 from zoo.index import load_revisions
-from zoo.measure import chat, complete_batch
+from zoo.measure import chat, complete_batch, stream_timed
 from zoo.recipe import REGRESSED_SLICE
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
+SLOW_TPOT_RATIO = 1.3
 
 
 def records(zoo_dir: Path, revision: str, kind: str = "") -> list[RequestRecord]:
@@ -46,15 +49,27 @@ def test_slice_regressed_is_better_on_average_but_clearly_worse_on_its_slice(
     assert regressed.slices[REGRESSED_SLICE].high < stable.slices[REGRESSED_SLICE].low, "intervals overlap"
 
 
-def test_slow_gives_the_same_outputs_but_is_slower_per_token(
-    zoo_dir: Path, zoo_eval: dict[str, RevisionReport]
-) -> None:
+def test_slow_gives_the_same_outputs_as_stable(zoo_dir: Path, zoo_eval: dict[str, RevisionReport]) -> None:
     stable_texts = [r.output_text for r in records(zoo_dir, "stable")]
     slow_texts = [r.output_text for r in records(zoo_dir, "slow")]
     same = sum(a == b for a, b in zip(stable_texts, slow_texts, strict=True)) / len(stable_texts)
     assert same >= 0.99
-    # CPU time per token, not latency: on shared cores latency moves with other work by more than 2x.
-    assert zoo_eval["slow"].cpu_ms_per_token > 1.5 * zoo_eval["stable"].cpu_ms_per_token
+
+
+def test_slow_is_slower_per_token_measured_side_by_side(zoo_dir: Path, vllm_stable: Any) -> None:
+    # Alternating single requests to both servers: on shared cores other work moves latency by more
+    # than 2x within minutes, so only a paired measurement compares the two revisions fairly.
+    slow_dir = zoo_dir / load_revisions(zoo_dir)["slow"].path
+    with serve(slow_dir, ZOO_EXECUTION, "slow") as slow:
+        slow.wait_healthy()
+        prompts = [example.prompt for example in balanced_examples(5, 4)]
+        tpot: dict[str, list[float]] = {"stable": [], "slow": []}
+        for prompt in prompts + prompts:
+            for name, url in (("stable", vllm_stable.url), ("slow", slow.url)):
+                streamed = stream_timed(url, name, prompt, 16)
+                tpot[name].append((streamed.stamps[-1] - streamed.stamps[0]) / (len(streamed.stamps) - 1))
+    ratio = statistics.median(tpot["slow"]) / statistics.median(tpot["stable"])
+    assert ratio > SLOW_TPOT_RATIO, f"slow/stable TPOT ratio {ratio:.2f}"
 
 
 def test_latency_records_have_real_streamed_timings(zoo_dir: Path, zoo_eval: dict[str, RevisionReport]) -> None:
