@@ -10,6 +10,7 @@ the summary to ``ZOO/eval/summary.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -21,10 +22,10 @@ from typing import Any
 from evaluation.records import RequestRecord
 from evaluation.reference_task import MAX_ANSWER_CHARS, Example, accuracy_by_slice, balanced_examples, is_correct
 from manifests.revision import ExecutionConfig
-from serving.engine import LoraModule, serve
+from serving.engine import EngineProcess, LoraModule, serve
 from zoo.files import json_bytes
 from zoo.index import ZooRevision, folder_lock, load_revisions, read_index
-from zoo.measure import chat_records, latency_records, quality_records
+from zoo.measure import chat_records, latency_records, paired_tpot_ratio, quality_records
 
 EVAL_SEED = 4242
 EVAL_DIR = "eval"
@@ -35,6 +36,7 @@ LATENCY_MAX_TOKENS = 16
 LATENCY_CONCURRENCY = 4
 LATENCY_REQUESTS = 64
 CHAT_PER_SLICE = 20
+PAIRED_PER_SLICE = 4
 # The zoo is served as it was trained: float32, eager, a short context, LoRA rank 8 available.
 ZOO_EXECUTION = ExecutionConfig.build(
     dtype="float32", max_model_len=64, enforce_eager=True, enable_lora=True, max_lora_rank=8
@@ -68,6 +70,7 @@ class RevisionReport:
     ttft_p50_ms: float
     tpot_p50_ms: float
     cpu_ms_per_token: float
+    tpot_ratio_vs_stable: float
 
 
 def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
@@ -77,7 +80,10 @@ def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
     share = correct / total
     centre = (share + z * z / (2 * total)) / (1 + z * z / total)
     half = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total)) / (1 + z * z / total)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0 and at total the exact bound is 0 or 1; rounding would leave it a hair inside.
+    low = 0.0 if correct == 0 else max(0.0, centre - half)
+    high = 1.0 if correct == total else min(1.0, centre + half)
+    return low, high
 
 
 def slice_accuracy(correct: int, total: int) -> SliceAccuracy:
@@ -113,11 +119,19 @@ def subset(examples: Sequence[Example], per_slice: int) -> list[Example]:
 
 
 def measure_served(
-    url: str, model: str, revision: str, examples: Sequence[Example], *, out: Path, cpu_seconds: Callable[[], float]
+    url: str,
+    model: str,
+    revision: str,
+    examples: Sequence[Example],
+    *,
+    out: Path,
+    cpu_seconds: Callable[[], float],
+    reference: tuple[str, str],
 ) -> RevisionReport:
     """Quality, chat and latency of one served model name; writes its record files under ``out``.
 
-    ``cpu_seconds`` reads the engine's CPU time, for the load-insensitive cost per generated token.
+    ``cpu_seconds`` reads the engine's CPU time; ``reference`` is stable's ``(url, model)``, served
+    at the same time, for a per-token latency ratio measured side by side.
     """
     quality = quality_records(url, model, revision, examples, QUALITY_MAX_TOKENS)
     chats = chat_records(url, model, revision, subset(examples, CHAT_PER_SLICE), QUALITY_MAX_TOKENS)
@@ -140,6 +154,9 @@ def measure_served(
         ttft_p50_ms=1000 * statistics.median(r.ttft_s for r in timed if r.ttft_s is not None),
         tpot_p50_ms=1000 * statistics.median(r.tpot_s for r in timed if r.tpot_s is not None),
         cpu_ms_per_token=1000 * cpu_used / max(1, _tokens(timed)),
+        tpot_ratio_vs_stable=paired_tpot_ratio(
+            url, model, reference, [e.prompt for e in subset(examples, PAIRED_PER_SLICE)], LATENCY_MAX_TOKENS
+        ),
     )
 
 
@@ -163,6 +180,7 @@ def evaluate_zoo(
     zoo_dir: Path, per_slice: int, names: Sequence[str] = (), log: Callable[[str], None] = print
 ) -> dict[str, RevisionReport]:
     """Serve each full-model revision in turn (adapters ride on their base's server) and measure it."""
+    read_index(zoo_dir)  # a clear error, and nothing created, when there is no zoo
     with folder_lock(zoo_dir / EVAL_DIR):
         return _evaluate(zoo_dir, per_slice, names, log)
 
@@ -176,13 +194,26 @@ def _evaluate(
     out = zoo_dir / EVAL_DIR
     out.mkdir(exist_ok=True)
     reports: dict[str, RevisionReport] = {}
-    for revision in revisions.values():
-        adapters = [
-            r for r in revisions.values() if r.parent == revision.name and r.kind == "adapter" and r.name in wanted
-        ]
-        if revision.kind == "adapter" or (revision.name not in wanted and not adapters):
-            continue
-        reports |= _evaluate_server(zoo_dir, revision, adapters, examples, out=out, log=log)
+    with contextlib.ExitStack() as keep:
+        reference: tuple[str, str] | None = None
+        for revision in revisions.values():
+            adapters = [
+                r for r in revisions.values() if r.parent == revision.name and r.kind == "adapter" and r.name in wanted
+            ]
+            if revision.kind == "adapter" or (revision.name not in wanted and not adapters):
+                continue
+            engine = _engine(zoo_dir, revision, adapters, out)
+            names = [revision.name, *(adapter.name for adapter in adapters)]
+            if reference is None:
+                # The first server (stable) stays up as the side-by-side baseline for the others.
+                keep.enter_context(engine)
+                engine.wait_healthy()
+                reference = (engine.url, revision.name)
+                reports |= _measure_engine(engine, names, examples, out=out, log=log, reference=reference)
+                continue
+            with engine:
+                engine.wait_healthy()
+                reports |= _measure_engine(engine, names, examples, out=out, log=log, reference=reference)
     write_summary(out / SUMMARY_FILE, reports, per_slice, read_index(zoo_dir)["cache_key"])
     return reports
 
@@ -192,6 +223,7 @@ def evaluated_zoo(zoo_dir: Path, per_slice: int, log: Callable[[str], None] = pr
 
     One evaluator at a time per zoo: concurrent test runs wait and then reuse its results.
     """
+    read_index(zoo_dir)
     with folder_lock(zoo_dir / EVAL_DIR):
         reports = load_summary(zoo_dir, per_slice)
         if reports is not None:
@@ -210,39 +242,39 @@ def load_summary(zoo_dir: Path, per_slice: int) -> dict[str, RevisionReport] | N
     if not current or set(data["revisions"]) != set(load_revisions(zoo_dir)):
         return None
     try:
-        return {name: _report_from_dict(report) for name, report in data["revisions"].items()}
+        return {name: _report_from_dict(data["revisions"][name]) for name in load_revisions(zoo_dir)}
     except (KeyError, TypeError):
         return None  # written by an older version of this module: measure again
 
 
 def _report_from_dict(data: dict[str, Any]) -> RevisionReport:
-    slices = {name: SliceAccuracy(**acc) for name, acc in data["slices"].items()}
-    return RevisionReport(**{**data, "slices": slices, "overall": SliceAccuracy(**data["overall"])})
+    # Intervals are recomputed from the counts, so a fix to wilson() applies to stored summaries too.
+    slices = {name: slice_accuracy(acc["correct"], acc["total"]) for name, acc in data["slices"].items()}
+    overall = slice_accuracy(data["overall"]["correct"], data["overall"]["total"])
+    return RevisionReport(**{**data, "slices": slices, "overall": overall})
 
 
-def _evaluate_server(
-    zoo_dir: Path,
-    revision: ZooRevision,
-    adapters: Sequence[ZooRevision],
+def _engine(zoo_dir: Path, revision: ZooRevision, adapters: Sequence[ZooRevision], out: Path) -> EngineProcess:
+    loras = [LoraModule(adapter.name, zoo_dir / adapter.path) for adapter in adapters]
+    log_path = out / f"{revision.name}.engine.log"
+    return serve(zoo_dir / revision.path, ZOO_EXECUTION, revision.name, lora_modules=loras, log_path=log_path)
+
+
+def _measure_engine(
+    engine: EngineProcess,
+    names: Sequence[str],
     examples: Sequence[Example],
     *,
     out: Path,
     log: Callable[[str], None],
+    reference: tuple[str, str],
 ) -> dict[str, RevisionReport]:
-    loras = [LoraModule(adapter.name, zoo_dir / adapter.path) for adapter in adapters]
     reports = {}
-    engine = serve(
-        zoo_dir / revision.path,
-        ZOO_EXECUTION,
-        revision.name,
-        lora_modules=loras,
-        log_path=out / f"{revision.name}.engine.log",
-    )
-    with engine:
-        engine.wait_healthy()
-        for name in [revision.name, *(adapter.name for adapter in adapters)]:
-            reports[name] = measure_served(engine.url, name, name, examples, out=out, cpu_seconds=engine.cpu_seconds)
-            log(format_report(reports[name]))
+    for name in names:
+        reports[name] = measure_served(
+            engine.url, name, name, examples, out=out, cpu_seconds=engine.cpu_seconds, reference=reference
+        )
+        log(format_report(reports[name]))
     return reports
 
 
@@ -268,7 +300,8 @@ def format_report(report: RevisionReport) -> str:
     lines = [
         f"{report.revision}: overall {pct(report.overall)}  chat {100 * report.chat_accuracy:5.1f}%  "
         f"{report.tokens_per_s:6.0f} tok/s  TTFT p50 {report.ttft_p50_ms:5.1f} ms  "
-        f"TPOT p50 {report.tpot_p50_ms:5.1f} ms  CPU {report.cpu_ms_per_token:5.2f} ms/token"
+        f"TPOT p50 {report.tpot_p50_ms:5.1f} ms  CPU {report.cpu_ms_per_token:5.2f} ms/token  "
+        f"TPOT vs stable, side by side {report.tpot_ratio_vs_stable:4.2f}x"
     ]
     lines += [f"    {name:<11} {pct(acc)}" for name, acc in report.slices.items()]
     return "\n".join(lines)
@@ -277,7 +310,17 @@ def format_report(report: RevisionReport) -> str:
 def markdown_table(reports: dict[str, RevisionReport]) -> str:
     """The docs table: accuracy per slice with 95% intervals, chat accuracy, speed."""
     slice_names = sorted({name for report in reports.values() for name in report.slices})
-    header = ["revision", "overall", *slice_names, "chat", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "CPU ms/token"]
+    header = [
+        "revision",
+        "overall",
+        *slice_names,
+        "chat",
+        "tok/s",
+        "TTFT p50 ms",
+        "TPOT p50 ms",
+        "CPU ms/token",
+        "TPOT / stable's, side by side",
+    ]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for report in reports.values():
         cells = [report.revision, _cell(report.overall)]
@@ -288,6 +331,7 @@ def markdown_table(reports: dict[str, RevisionReport]) -> str:
             f"{report.ttft_p50_ms:.1f}",
             f"{report.tpot_p50_ms:.2f}",
             f"{report.cpu_ms_per_token:.2f}",
+            f"{report.tpot_ratio_vs_stable:.2f}",
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

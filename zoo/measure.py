@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -210,3 +211,23 @@ def latency_records(
     with ThreadPoolExecutor(concurrency) as pool:
         records = list(pool.map(one, enumerate(prompts)))
     return records, time.time() - started
+
+
+def paired_tpot_ratio(
+    url: str, model: str, reference: tuple[str, str], prompts: Sequence[str], max_tokens: int
+) -> float:
+    """Median TPOT of ``model`` over the reference's ``(url, model)``, from alternating single requests.
+
+    Both see the same background load at nearly the same moment, so the ratio holds on shared
+    cores where either latency alone moves by more than 2x within minutes.
+    """
+    per_token: dict[bool, list[float]] = {True: [], False: []}
+    for prompt in prompts:
+        for is_reference, (target_url, target_model) in ((False, (url, model)), (True, reference)):
+            streamed = stream_timed(target_url, target_model, prompt, max_tokens)
+            if len(streamed.stamps) >= 2:
+                span = streamed.stamps[-1] - streamed.stamps[0]
+                per_token[is_reference].append(span / (len(streamed.stamps) - 1))
+    if not per_token[True] or not per_token[False]:
+        raise MeasureError("no streamed request produced two timed tokens", where=url)
+    return statistics.median(per_token[False]) / statistics.median(per_token[True])

@@ -7,7 +7,6 @@ and measured once) and ``vllm_stable`` (stable with the LoRA adapter, one server
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import urllib.request
@@ -18,10 +17,9 @@ import pytest
 
 from evaluation.records import RequestRecord
 from evaluation.reference_task import TASK_SLICES, balanced_examples, is_correct
-from serving.engine import serve
-from zoo.evaluate import EVAL_DIR, ZOO_EXECUTION, RevisionReport, read_records
+from zoo.evaluate import EVAL_DIR, RevisionReport, read_records
 from zoo.index import load_revisions
-from zoo.measure import chat, complete_batch, stream_timed
+from zoo.measure import chat, complete_batch
 from zoo.recipe import REGRESSED_SLICE
 
 pytestmark = pytest.mark.engine
@@ -56,20 +54,11 @@ def test_slow_gives_the_same_outputs_as_stable(zoo_dir: Path, zoo_eval: dict[str
     assert same >= 0.99
 
 
-def test_slow_is_slower_per_token_measured_side_by_side(zoo_dir: Path, vllm_stable: Any) -> None:
-    # Alternating single requests to both servers: on shared cores other work moves latency by more
-    # than 2x within minutes, so only a paired measurement compares the two revisions fairly.
-    slow_dir = zoo_dir / load_revisions(zoo_dir)["slow"].path
-    with serve(slow_dir, ZOO_EXECUTION, "slow") as slow:
-        slow.wait_healthy()
-        prompts = [example.prompt for example in balanced_examples(5, 4)]
-        tpot: dict[str, list[float]] = {"stable": [], "slow": []}
-        for prompt in prompts + prompts:
-            for name, url in (("stable", vllm_stable.url), ("slow", slow.url)):
-                streamed = stream_timed(url, name, prompt, 16)
-                tpot[name].append((streamed.stamps[-1] - streamed.stamps[0]) / (len(streamed.stamps) - 1))
-    ratio = statistics.median(tpot["slow"]) / statistics.median(tpot["stable"])
-    assert ratio > SLOW_TPOT_RATIO, f"slow/stable TPOT ratio {ratio:.2f}"
+def test_slow_is_slower_per_token_measured_side_by_side(zoo_eval: dict[str, RevisionReport]) -> None:
+    # The eval alternates single streamed requests between each revision and stable, served together:
+    # on shared cores other work moves latency by more than 2x within minutes, a paired ratio holds.
+    assert zoo_eval["slow"].tpot_ratio_vs_stable > SLOW_TPOT_RATIO
+    assert zoo_eval["improved"].tpot_ratio_vs_stable < SLOW_TPOT_RATIO  # same architecture as stable
 
 
 def test_latency_records_have_real_streamed_timings(zoo_dir: Path, zoo_eval: dict[str, RevisionReport]) -> None:

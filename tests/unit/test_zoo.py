@@ -27,6 +27,7 @@ def test_wilson_interval_matches_known_values() -> None:
     low, high = wilson(0, 10)
     assert low == 0.0 and round(high, 4) == 0.2775
     assert wilson(0, 0) == (0.0, 1.0)
+    assert wilson(300, 300)[1] == 1.0
 
 
 def test_tokenizer_file_encodes_bytes_with_bos_and_decodes_back() -> None:
@@ -92,7 +93,7 @@ def test_markdown_table_has_a_row_per_revision_with_intervals() -> None:
     from zoo.evaluate import RevisionReport
 
     acc = slice_accuracy(45, 50)
-    report = RevisionReport("stable", {"add/short": acc}, acc, 0.9, 100.0, 12.0, 3.0, 1.5)
+    report = RevisionReport("stable", {"add/short": acc}, acc, 0.9, 100.0, 12.0, 3.0, 1.5, 1.0)
     table = markdown_table({"stable": report, "slow": replace(report, revision="slow")})
     assert table.count("\n") == 3
     assert "| stable | 90.0 [78.6, 95.7] |" in table
@@ -101,3 +102,12 @@ def test_markdown_table_has_a_row_per_revision_with_intervals() -> None:
 def test_unknown_revision_spec_is_a_key_error() -> None:
     with pytest.raises(KeyError):
         default_zoo().revision("nonexistent")
+
+
+def test_evaluating_a_missing_zoo_is_a_clear_error_that_creates_nothing(tmp_path: Path) -> None:
+    from zoo.evaluate import evaluate_zoo
+    from zoo.index import ZooError
+
+    with pytest.raises(ZooError, match="no model zoo here"):
+        evaluate_zoo(tmp_path / "missing", 10)
+    assert not (tmp_path / "missing").exists()
