@@ -14,10 +14,12 @@ import gc
 import hmac
 import json
 import logging
-import os
+import random
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from evaluation.records import Outcome, RequestRecord
 from manifests.errors import ManifestInvalid, RevgateError
@@ -28,7 +30,7 @@ from serving.router_parse import output_text, rewrite_model, usage_of
 from serving.router_records import JsonLinesWriter
 from serving.router_relay import Relay
 from serving.router_split import PinnedRoute, Target, compile_route, retry_order
-from serving.router_upstream import UpstreamError, UpstreamPool, request_bytes
+from serving.router_upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
 from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
 from shadow.policy import side_effecting
 
@@ -71,10 +73,14 @@ class Call:
     slices: dict[str, str]
     arrival_s: float
     headers: bytes
+    labels: tuple[tuple[str, str], ...]  # the in-flight gauge's
     attempts: int = 0
     endpoint: str = ""
     expired: bool = False
     relay: Relay | None = field(default=None)
+    deadline: float = 0.0  # loop time
+    timer: asyncio.TimerHandle | None = None
+    connection: UpstreamConnection | None = None
 
 
 def _error_body(message: str, kind: str) -> bytes:
@@ -165,20 +171,25 @@ class Router:
 
     # --- serving ---------------------------------------------------------------------------
 
-    async def handle(self, caller: ServerConnection, request: Request) -> None:
-        """Serve one public request."""
+    def handle(self, caller: ServerConnection, request: Request) -> Coroutine[Any, Any, None] | None:
+        """Serve one public request: from callbacks when a pooled upstream connection is idle, else as a task."""
         path = request.path.split(b"?", 1)[0]
         route = self.route  # read once: this request is pinned to this snapshot
-        if (request.method, path) not in PROXIED:
-            self._not_proxied(caller, request, path, route)
-            return
-        if route is None:
-            caller.respond(503, NO_ROUTE, keep_alive=request.keep_alive)
-            return
-        await self._serve(self._pin(caller, request, route, path))
+        if route is None or (request.method, path) not in PROXIED:
+            return self._unrouted(caller, request, path, route)
+        call = self._pin(caller, request, route, path)
+        first = self._next_endpoint(call.target)
+        connection = self.pool.take(call.target.endpoints[first])
+        if connection is None:
+            return self._serve(call, first)
+        self._serve_pooled(call, first, connection)
+        return None
 
-    def _not_proxied(self, caller: ServerConnection, request: Request, path: bytes, route: PinnedRoute | None) -> None:
-        if path != b"/health":
+    async def _unrouted(self, caller: ServerConnection, request: Request, path: bytes,
+                        route: PinnedRoute | None) -> None:
+        if (request.method, path) in PROXIED:
+            caller.respond(503, NO_ROUTE, keep_alive=request.keep_alive)
+        elif path != b"/health":
             body = _error_body(f"no such endpoint: {path.decode()}", "not_found")
             caller.respond(404, body, keep_alive=request.keep_alive)
         elif route is None:
@@ -189,7 +200,7 @@ class Router:
     def _pin(self, caller: ServerConnection, request: Request, route: PinnedRoute, path: bytes) -> Call:
         headers = request.headers
         arrival = time.time()
-        request_id = headers.get(b"x-request-id") or os.urandom(12).hex().encode()
+        request_id = headers.get(b"x-request-id") or b"%024x" % random.getrandbits(96)
         tenant = headers.get(b"x-tenant-id", b"")
         key = headers.get(b"x-session-id") or tenant or request_id
         target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
@@ -197,19 +208,76 @@ class Router:
         if target.served_model is not None and body:
             body = rewrite_model(body, target.served_model)
         extra = target.headers + b"x-request-id: " + request_id + b"\r\n"
-        return Call(caller, request, route, target, path, body, request_id.decode(), tenant.decode(),
-                    _slices(headers.get(b"x-revgate-slices")), arrival, extra)
+        call = Call(caller, request, route, target, path, body, request_id.decode(), tenant.decode(),
+                    _slices(headers.get(b"x-revgate-slices")), arrival, extra,
+                    (("route", route.snapshot.route), ("revision", target.short)))
+        call.deadline = asyncio.get_running_loop().time() + self._timeout_s(call)
+        return call
 
-    async def _serve(self, call: Call) -> None:
-        labels = (("route", call.route.snapshot.route), ("revision", call.target.short))
+    # The common exchange, without a task: a pooled connection, one request, callbacks to the end.
+    # Anything else (no idle connection, a retry, a stale connection) continues in _serve as a task.
+
+    def _serve_pooled(self, call: Call, first: int, connection: UpstreamConnection) -> None:
+        self.metrics.in_flight[call.labels] += 1
+        loop = asyncio.get_running_loop()
+        caller = call.caller
+        call.attempts, call.endpoint, call.connection = 1, call.target.urls[first], connection
+        relay = Relay(caller, call.headers, call.request.keep_alive, call.route.max_retries > 0,
+                      on_settled=lambda relay: self._pooled_settled(call, first, relay))
+        call.relay = relay
+        call.timer = loop.call_at(call.deadline, self._pooled_expired, call)
+        caller.on_pause, caller.on_resume = connection.pause, connection.resume
+        caller.on_lost = lambda: self._pooled_lost(call)
+        address = call.target.endpoints[first]
+        connection.send(request_bytes(call.request.method, call.path, address, call.body,
+                                      b"X-Request-Id: " + call.request_id.encode() + b"\r\n"), relay)
+
+    def _pooled_settled(self, call: Call, first: int, relay: Relay) -> None:
+        assert call.timer is not None
+        call.timer.cancel()
+        self.metrics.in_flight[call.labels] -= 1
+        if not relay.started:  # a retry or a resend on a fresh connection: as a task from here
+            call.caller.continue_in(self._serve(call, first, relay))
+            return
+        self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
+        if relay.error is not None and call.caller.transport is not None:
+            call.caller.transport.abort()  # a truncated stream must not look complete
+        call.caller.request_done()
+
+    def _pooled_expired(self, call: Call) -> None:
+        call.expired = True
+        self._pooled_end(call)
+        self._fail(call, "timeout", 504, "the request's deadline passed")
+        call.caller.request_done()
+
+    def _pooled_lost(self, call: Call) -> None:
+        assert call.timer is not None
+        call.timer.cancel()
+        self._pooled_end(call)
+        relay = call.relay
+        if relay is not None and relay.started and relay.complete:
+            self._finish(call, _outcome(relay.status), "")  # complete: the caller left afterwards
+        else:
+            self._finish(call, "cancelled", "the caller disconnected")
+
+    def _pooled_end(self, call: Call) -> None:
+        """Cancel the upstream exchange (the caller left or the deadline passed)."""
+        if call.relay is not None:
+            call.relay.on_settled = None  # the close below must not report back
+        if call.connection is not None:
+            call.connection.close()
+        self.metrics.in_flight[call.labels] -= 1
+
+    async def _serve(self, call: Call, first: int, settled: Relay | None = None) -> None:
+        labels = call.labels
         self.metrics.in_flight[labels] += 1
         task = asyncio.current_task()
         assert task is not None
         # One timer handle instead of asyncio.timeout(): the deadline cancels the task, and the
         # handler tells a passed deadline from a departed caller by the call's flag.
-        timer = asyncio.get_running_loop().call_later(self._timeout_s(call), _expire, call, task)
+        timer = asyncio.get_running_loop().call_at(call.deadline, _expire, call, task)
         try:
-            await self._attempts(call)
+            await self._attempts(call, first, settled)
         except asyncio.CancelledError:
             if call.expired:
                 task.uncancel()
@@ -225,19 +293,22 @@ class Router:
             timer.cancel()
             self.metrics.in_flight[labels] -= 1
 
-    def _timeout_s(self, call: Call) -> float:
+    @staticmethod
+    def _timeout_s(call: Call) -> float:
         limit = call.route.timeout_s
         header = call.request.headers.get(b"x-revgate-timeout-ms")
         if header and header.isdigit():
             limit = min(limit, int(header) / 1000)
         return limit
 
-    async def _attempts(self, call: Call) -> None:
-        order = retry_order(call.target, call.route.failure_domains, self._next_endpoint(call.target))
+    async def _attempts(self, call: Call, first: int, settled: Relay | None) -> None:
+        """Attempts in retry order; ``settled`` is the first attempt's relay when it already ran."""
+        order = retry_order(call.target, call.route.failure_domains, first)
         plan = [order[step % len(order)] for step in range(call.route.max_retries + 1)]
         for number, index in enumerate(plan, 1):
             call.attempts, call.endpoint = number, call.target.urls[index]
-            relay = await self._attempt(call, index, may_retry=number < len(plan))
+            relay = await self._attempt(call, index, may_retry=number < len(plan), settled=settled)
+            settled = None
             call.relay = relay
             if relay.started:
                 self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
@@ -250,10 +321,16 @@ class Router:
         message = str(call.relay.error) if call.relay and call.relay.error else "upstream unavailable"
         self._fail(call, "error", 502, message)
 
-    async def _attempt(self, call: Call, index: int, *, may_retry: bool) -> Relay:
+    async def _attempt(self, call: Call, index: int, *, may_retry: bool, settled: Relay | None = None) -> Relay:
         address = call.target.endpoints[index]
         fresh = False
         while True:
+            if settled is not None:  # ran on a pooled connection already (see _serve_pooled)
+                relay, settled = settled, None
+                if relay.error is not None and relay.error.stale:
+                    fresh = True
+                    continue
+                return relay
             relay = Relay(call.caller, call.headers, call.request.keep_alive, may_retry)
             call.relay = relay
             try:
@@ -266,7 +343,7 @@ class Router:
                                  b"X-Request-Id: " + call.request_id.encode() + b"\r\n")
             connection.send(wire, relay)
             try:
-                await relay.finished
+                await relay.wait()
             except asyncio.CancelledError:
                 connection.close()  # the caller left or the deadline passed: cancel upstream
                 raise
@@ -374,7 +451,7 @@ class Router:
         connection.send(request_bytes("POST", job.path.encode(), address, body, mirror_headers), relay)
         try:
             async with asyncio.timeout(self.route.timeout_s if self.route else 60):
-                await relay.finished
+                await relay.wait()
         except TimeoutError:
             connection.close()
             return ShadowAnswer(None, None, None, time.time() - start, error="timeout")

@@ -1,8 +1,11 @@
 """The caller-facing HTTP/1.1 server connection, on an asyncio protocol with httptools.
 
-One task per request, one request at a time per connection (pipelined requests wait their turn).
-When the caller goes away, the running request's task is cancelled, which aborts its upstream
-connection: the disconnect propagates as upstream cancellation.
+One request at a time per connection (pipelined requests wait their turn). A handler either
+returns a coroutine (run as a task) or takes the request on without one, from callbacks, and
+calls :meth:`ServerConnection.request_done` when it ends: the common proxied exchange needs no
+task. When the caller goes away, the running request's task is cancelled (or its ``on_lost``
+callback runs), which aborts its upstream connection: the disconnect propagates as upstream
+cancellation.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class Request:
     keep_alive: bool
 
 
-Handler = Callable[["ServerConnection", Request], Coroutine[Any, Any, None]]
+Handler = Callable[["ServerConnection", Request], Coroutine[Any, Any, None] | None]
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 MAX_BODY = 16 * 1024 * 1024
 
@@ -46,6 +49,8 @@ class ServerConnection(asyncio.Protocol):
         self.size = 0
         self.pending: deque[Request] = deque()
         self.task: asyncio.Task[None] | None = None
+        self.busy = False  # a request is being served (by a task or by callbacks)
+        self.on_lost: Callable[[], None] | None = None  # a callback-served request's cancellation
         self.on_pause: Callable[[], None] | None = None
         self.on_resume: Callable[[], None] | None = None
         self.closed = False
@@ -90,18 +95,30 @@ class ServerConnection(asyncio.Protocol):
             self.respond(413, b'{"error":{"message":"request body over 16 MiB"}}', keep_alive=False)
             return
         self.pending.append(request)
-        if self.task is None:
+        if not self.busy:
             self._next()
 
     def _next(self) -> None:
-        if self.pending and not self.closed:
-            self.task = asyncio.get_running_loop().create_task(self.handler(self, self.pending.popleft()))
-            self.task.add_done_callback(self._done)
-        else:
-            self.task = None
+        if not self.pending or self.closed:
+            return
+        self.busy = True
+        work = self.handler(self, self.pending.popleft())
+        if work is not None:
+            self.continue_in(work)
 
     def _done(self, _: asyncio.Task[None]) -> None:
         self.task = None
+        self.request_done()
+
+    def continue_in(self, work: Coroutine[Any, Any, None]) -> None:
+        """The request in progress goes on as a task (cancelled if the caller leaves)."""
+        self.on_lost = None
+        self.task = asyncio.get_running_loop().create_task(work)
+        self.task.add_done_callback(self._done)
+
+    def request_done(self) -> None:
+        """The request in progress ended: close if asked to, else start the next pipelined one."""
+        self.busy, self.on_lost = False, None
         if self.close_when_done and self.transport is not None:
             self.transport.close()
             return
@@ -113,6 +130,9 @@ class ServerConnection(asyncio.Protocol):
         self.pending.clear()
         if self.task is not None:
             self.task.cancel()
+        elif self.on_lost is not None:
+            on_lost, self.on_lost = self.on_lost, None
+            on_lost()
 
     def pause_writing(self) -> None:
         """The caller reads slower than the upstream writes: stop reading upstream."""
@@ -134,7 +154,7 @@ class ServerConnection(asyncio.Protocol):
         if keep_alive:
             return
         self.close_when_done = True
-        if self.task is None and self.transport is not None:
+        if not self.busy and self.transport is not None:
             self.transport.close()
 
     def respond(self, status: int, body: bytes, *, keep_alive: bool = True, headers: bytes = b"",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from serving.router_http import LAST_CHUNK, ServerConnection, chunk, response_head
 from serving.router_upstream import UpstreamError
@@ -17,29 +18,37 @@ RETRYABLE_STATUS = frozenset((502, 503, 504))
 
 
 class Relay:
-    """Implements the upstream Sink for one attempt."""
+    """Implements the upstream Sink for one attempt.
+
+    The end of the exchange is signalled to ``on_settled`` when given (the task-free path), else
+    through the ``finished`` future (created only then). A response with a content length has
+    its head written together with the first body piece: one write to the caller, not two.
+    """
 
     __slots__ = (
-        "caller", "chunked", "discard", "error", "extra_headers", "finished", "first_s", "headers_ready",
-        "keep_alive", "last_s", "may_retry", "parts", "started", "status", "streamed",
+        "caller", "chunked", "discard", "error", "extra_headers", "finished", "first_s", "head",
+        "keep_alive", "last_s", "may_retry", "on_settled", "parts", "settled", "started", "status", "streamed",
     )
 
     def __init__(
-        self, caller: ServerConnection | None, extra_headers: bytes, keep_alive: bool, may_retry: bool
+        self, caller: ServerConnection | None, extra_headers: bytes, keep_alive: bool, may_retry: bool,
+        on_settled: Callable[[Relay], None] | None = None,
     ) -> None:
-        loop = asyncio.get_running_loop()
         self.caller, self.extra_headers, self.keep_alive, self.may_retry = caller, extra_headers, keep_alive, may_retry
-        self.headers_ready: asyncio.Future[None] = loop.create_future()
-        self.finished: asyncio.Future[None] = loop.create_future()
+        self.on_settled = on_settled
+        self.finished: asyncio.Future[None] | None = (
+            None if on_settled is not None else asyncio.get_running_loop().create_future()
+        )
         self.status = 0
-        self.chunked = self.streamed = self.discard = self.started = False
+        self.chunked = self.streamed = self.discard = self.started = self.settled = False
+        self.head = b""  # a head not yet written (content-length responses)
         self.parts: list[bytes] = []
         self.first_s: float | None = None
         self.last_s: float | None = None
         self.error: UpstreamError | None = None
 
     def on_headers(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        """Decide retry or pass-through; write the head to the caller."""
+        """Decide retry or pass-through; write the head to the caller (or hold it for the body)."""
         self.status = status
         content_type, length = b"application/json", None
         for name, value in headers:
@@ -53,9 +62,12 @@ class Relay:
         if self.may_retry and status in RETRYABLE_STATUS:
             self.discard = True
         elif self.caller is not None:
-            self.caller.write(response_head(status, content_type, self.extra_headers, length, self.keep_alive))
+            head = response_head(status, content_type, self.extra_headers, length, self.keep_alive)
+            if self.chunked:
+                self.caller.write(head)  # a stream's head goes at once
+            else:
+                self.head = head
             self.started = True
-        self.headers_ready.set_result(None)
 
     def on_body(self, data: bytes) -> None:
         """Forward a body piece at once; keep it for the record."""
@@ -63,7 +75,13 @@ class Relay:
             self.first_s = time.time()
         self.parts.append(data)
         if self.started and self.caller is not None:
-            self.caller.write(chunk(data) if self.chunked else data)
+            if self.chunked:
+                self.caller.write(chunk(data))
+            elif self.head:
+                self.caller.write(self.head + data)
+                self.head = b""
+            else:
+                self.caller.write(data)
 
     def on_complete(self) -> None:
         """End the caller's response."""
@@ -71,6 +89,9 @@ class Relay:
         if self.started and self.caller is not None:
             if self.chunked:
                 self.caller.write(LAST_CHUNK)
+            elif self.head:
+                self.caller.write(self.head)
+                self.head = b""
             self.caller.finish(self.keep_alive)
         self._settle()
 
@@ -78,13 +99,24 @@ class Relay:
         """Remember the failure; the handler decides between retry and a truncated response."""
         self.error = error
         self.last_s = time.time()
+        if self.head and self.caller is not None:
+            self.caller.write(self.head)  # as before: the head went out, then the connection is cut
+            self.head = b""
         self._settle()
 
     def _settle(self) -> None:
-        if not self.headers_ready.done():
-            self.headers_ready.set_result(None)
-        if not self.finished.done():
+        if self.settled:
+            return
+        self.settled = True
+        if self.on_settled is not None:
+            self.on_settled(self)
+        elif self.finished is not None and not self.finished.done():
             self.finished.set_result(None)
+
+    async def wait(self) -> None:
+        """Until the exchange ends (the future-based mode)."""
+        if self.finished is not None:
+            await self.finished
 
     @property
     def complete(self) -> bool:
@@ -93,4 +125,5 @@ class Relay:
 
     def body(self) -> bytes:
         """Everything received so far."""
-        return b"".join(self.parts)
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)

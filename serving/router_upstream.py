@@ -132,13 +132,21 @@ class UpstreamPool:
     def __init__(self) -> None:
         self.idle: dict[Address, list[UpstreamConnection]] = defaultdict(list)
 
-    async def connect(self, address: Address, *, fresh: bool = False) -> UpstreamConnection:
-        """An idle connection to ``address``, or a new one; UpstreamError if it cannot connect."""
+    def take(self, address: Address) -> UpstreamConnection | None:
+        """An idle, open connection to ``address``, or None."""
         idle = self.idle[address]
-        while idle and not fresh:
+        while idle:
             connection = idle.pop()
             if connection.transport is not None and not connection.transport.is_closing():
                 connection.reused = True
+                return connection
+        return None
+
+    async def connect(self, address: Address, *, fresh: bool = False) -> UpstreamConnection:
+        """An idle connection to ``address``, or a new one; UpstreamError if it cannot connect."""
+        if not fresh:
+            connection = self.take(address)
+            if connection is not None:
                 return connection
         loop = asyncio.get_running_loop()
         try:
@@ -171,12 +179,12 @@ class UpstreamPool:
 
 def request_bytes(method: str, path: bytes, address: Address, body: bytes, extra_headers: bytes = b"") -> bytes:
     """An HTTP/1.1 keep-alive request."""
-    head = (
-        f"{method} ".encode()
-        + path
-        + f" HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\nContent-Type: application/json\r\n".encode()
-        + f"Content-Length: {len(body)}\r\n".encode()
-        + extra_headers
-        + b"\r\n"
+    host = _HOST_LINES.get(address)
+    if host is None:
+        host = _HOST_LINES[address] = f" HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n".encode()
+    return b"%s %s%sContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        method.encode(), path, host, len(body), extra_headers, body
     )
-    return head + body
+
+
+_HOST_LINES: dict[Address, bytes] = {}  # per endpoint, built once
