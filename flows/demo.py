@@ -74,17 +74,23 @@ def publish(model_dir: Path, store: str, key: Path, folder: Path) -> str:
 
 
 def demo_plan() -> RolloutPlan:
-    """Shadow everything, approve, then 50% canary: small enough for one CPU machine."""
+    """Shadow everything, approve, then a 50% canary: small enough for one CPU machine.
+
+    Each analyse step sends enough requests for every task slice to reach the gate policy's
+    per-slice horizon in each arm (1,200 mirrored; 2,400 at a 50% split).
+    """
     return RolloutPlan(steps=(
         Shadow(sample_ppm=1_000_000), Analyze(max_samples=1200), Approve(),
-        SetWeight(weight_ppm=500_000), Analyze(max_samples=1200),
+        SetWeight(weight_ppm=500_000), Analyze(max_samples=2400),
     ), lease_seconds=600)
 
 
 def demo_policy() -> GatePolicy:
     """Per-slice (task family x length) quality gates with a 5-point margin; loose latency margins for a shared CPU."""
+    # Six task slices share each stage's requests, about 200 per slice and arm; the horizon sits
+    # below that so that the last planned look is reached even when the random mix runs short.
     return GatePolicy.build(slice_keys=["family", "length"], quality_margin="0.05", min_samples_per_slice=30,
-                            max_samples_per_stage=1200, look_every=200, latency_margin="0.5")
+                            max_samples_per_stage=160, look_every=40, latency_margin="0.5")
 
 
 def start_stable(client: WorkerClient, request: ReplicaRequest) -> dict[str, object]:

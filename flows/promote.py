@@ -196,6 +196,15 @@ class Promotion:
         self.ledger.log_json(self.run, "approval", answer.model_dump(mode="json"))
         return ApprovalGiven(answer.approve, answer.evidence_digest, by="release manager")
 
+    def decide_paused(self) -> RolloutState:
+        """Inconclusive at the stage's limit: a human may proceed; automatic mode never does."""
+        if self.spec.approval == "auto":
+            # Not enough evidence is never a pass: without a human, the rollout stops here.
+            get_run_logger().warning("gates inconclusive at the stage's limit: rolling back (no human to decide)")
+            return resume(self.spec.plan, self.state, proceed=False, by="auto")
+        answer = self.ask_approval(Approve(prompt="Gates are inconclusive. Proceed anyway?"), self.state.reason)
+        return resume(self.spec.plan, self.state, proceed=answer.approved, by=answer.by)
+
     def step_once(self) -> None:
         """Carry out the current step and feed what happened into the state machine."""
         step = current_step(self.spec.plan, self.state)
@@ -222,8 +231,7 @@ class Promotion:
         self.apply_route()
         while self.state.status not in ("promoted", "rolled_back"):
             if self.state.status == "paused":
-                answer = self.ask_approval(Approve(prompt="Gates are inconclusive. Proceed?"), self.state.reason)
-                self.state = resume(self.spec.plan, self.state, proceed=answer.approved, by=answer.by)
+                self.state = self.decide_paused()
             else:
                 self.step_once()
             self.apply_route()

@@ -81,6 +81,7 @@ class Call:
     deadline: float = 0.0  # loop time
     timer: asyncio.TimerHandle | None = None
     connection: UpstreamConnection | None = None
+    first: int = 0  # the first endpoint tried
 
 
 def _error_body(message: str, kind: str) -> bytes:
@@ -90,6 +91,17 @@ def _error_body(message: str, kind: str) -> bytes:
 def _expire(call: Call, task: asyncio.Task[None]) -> None:
     call.expired = True
     task.cancel()
+
+
+def _release(call: Call) -> None:
+    """Stop the call's timer and drop the references that would make a cycle of it.
+
+    Per-request objects freed by reference counting never wake the cyclic collector.
+    """
+    if call.timer is not None:
+        call.timer.cancel()
+        call.timer = None
+    call.connection = None
 
 
 def _outcome(status: int) -> Outcome:
@@ -124,6 +136,7 @@ class Router:
         self._refresh_lock: asyncio.Lock | None = None
         self._servers: list[asyncio.Server] = []
         self._poller: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop  # set by start(), before the first request
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -211,7 +224,7 @@ class Router:
         call = Call(caller, request, route, target, path, body, request_id.decode(), tenant.decode(),
                     _slices(headers.get(b"x-revgate-slices")), arrival, extra,
                     (("route", route.snapshot.route), ("revision", target.short)))
-        call.deadline = asyncio.get_running_loop().time() + self._timeout_s(call)
+        call.deadline = self._loop.time() + self._timeout_s(call)
         return call
 
     # The common exchange, without a task: a pooled connection, one request, callbacks to the end.
@@ -219,25 +232,25 @@ class Router:
 
     def _serve_pooled(self, call: Call, first: int, connection: UpstreamConnection) -> None:
         self.metrics.in_flight[call.labels] += 1
-        loop = asyncio.get_running_loop()
         caller = call.caller
-        call.attempts, call.endpoint, call.connection = 1, call.target.urls[first], connection
+        call.attempts, call.endpoint, call.connection, call.first = 1, call.target.urls[first], connection, first
         relay = Relay(caller, call.headers, call.request.keep_alive, call.route.max_retries > 0,
-                      on_settled=lambda relay: self._pooled_settled(call, first, relay))
+                      on_settled=self._pooled_settled, context=call)
         call.relay = relay
-        call.timer = loop.call_at(call.deadline, self._pooled_expired, call)
+        call.timer = self._loop.call_at(call.deadline, self._pooled_expired, call)
         caller.on_pause, caller.on_resume = connection.pause, connection.resume
         caller.on_lost = lambda: self._pooled_lost(call)
         address = call.target.endpoints[first]
         connection.send(request_bytes(call.request.method, call.path, address, call.body,
                                       b"X-Request-Id: " + call.request_id.encode() + b"\r\n"), relay)
 
-    def _pooled_settled(self, call: Call, first: int, relay: Relay) -> None:
-        assert call.timer is not None
-        call.timer.cancel()
+    def _pooled_settled(self, relay: Relay) -> None:
+        call: Call = relay.context
+        relay.context = None
+        _release(call)
         self.metrics.in_flight[call.labels] -= 1
         if not relay.started:  # a retry or a resend on a fresh connection: as a task from here
-            call.caller.continue_in(self._serve(call, first, relay))
+            call.caller.continue_in(self._serve(call, call.first, relay))
             return
         self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
         if relay.error is not None and call.caller.transport is not None:
@@ -251,8 +264,6 @@ class Router:
         call.caller.request_done()
 
     def _pooled_lost(self, call: Call) -> None:
-        assert call.timer is not None
-        call.timer.cancel()
         self._pooled_end(call)
         relay = call.relay
         if relay is not None and relay.started and relay.complete:
@@ -263,9 +274,10 @@ class Router:
     def _pooled_end(self, call: Call) -> None:
         """Cancel the upstream exchange (the caller left or the deadline passed)."""
         if call.relay is not None:
-            call.relay.on_settled = None  # the close below must not report back
+            call.relay.on_settled = call.relay.context = None  # the close below must not report back
         if call.connection is not None:
             call.connection.close()
+        _release(call)
         self.metrics.in_flight[call.labels] -= 1
 
     async def _serve(self, call: Call, first: int, settled: Relay | None = None) -> None:
@@ -512,6 +524,7 @@ class Router:
 
     async def start(self, host: str, port: int, admin_host: str, admin_port: int) -> None:
         """Load the snapshot, then listen on the public and admin ports."""
+        self._loop = asyncio.get_running_loop()  # looked up once: each lookup costs a getpid()
         await self.refresh()
         # Per-request objects die young and hold no cycles; freezing the startup heap and collecting
         # less often keeps the cyclic collector from rescanning it under load.

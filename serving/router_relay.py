@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from serving.router_http import LAST_CHUNK, ServerConnection, chunk, response_head
 from serving.router_upstream import UpstreamError
@@ -26,16 +27,16 @@ class Relay:
     """
 
     __slots__ = (
-        "caller", "chunked", "discard", "error", "extra_headers", "finished", "first_s", "head",
+        "caller", "chunked", "context", "discard", "error", "extra_headers", "finished", "first_s", "head",
         "keep_alive", "last_s", "may_retry", "on_settled", "parts", "settled", "started", "status", "streamed",
     )
 
     def __init__(
-        self, caller: ServerConnection | None, extra_headers: bytes, keep_alive: bool, may_retry: bool,
-        on_settled: Callable[[Relay], None] | None = None,
+        self, caller: ServerConnection | None, extra_headers: bytes, keep_alive: bool, may_retry: bool, *,
+        on_settled: Callable[[Relay], None] | None = None, context: Any = None,
     ) -> None:
         self.caller, self.extra_headers, self.keep_alive, self.may_retry = caller, extra_headers, keep_alive, may_retry
-        self.on_settled = on_settled
+        self.on_settled, self.context = on_settled, context  # context: the owner's, for on_settled
         self.finished: asyncio.Future[None] | None = (
             None if on_settled is not None else asyncio.get_running_loop().create_future()
         )
