@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ PROXIED = {
     ("POST", b"/v1/chat/completions"),
     ("GET", b"/v1/models"),
 }
+# Request ids: 96 random bits from a generator seeded by the OS, without a getrandom() call per request.
+_REQUEST_IDS = random.Random()  # noqa: S311 - request ids label and spread traffic, they guard nothing
 NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
 
 
@@ -91,6 +93,37 @@ def _error_body(message: str, kind: str) -> bytes:
 def _expire(call: Call, task: asyncio.Task[None]) -> None:
     call.expired = True
     task.cancel()
+
+
+# A record as its JSON object (see Router._record): RequestRecord's fields, in order. Checked at
+# import, so a change to RequestRecord cannot silently drift from the lines the router writes.
+RECORD_KEYS = (
+    "request_id", "revision", "arm", "arrival_s", "outcome", "attempt", "route", "generation", "tenant", "slices",
+    "endpoint", "first_token_s", "last_token_s", "prompt_tokens", "output_tokens", "finish_reason", "status_code",
+    "error", "output_text", "reference",
+)
+if tuple(item.name for item in fields(RequestRecord)) != RECORD_KEYS:  # pragma: no cover - a developer error
+    raise ImportError("serving.router: RequestRecord's fields changed; update Router._record and RECORD_KEYS")
+
+
+def _ttft_s(record: dict[str, Any]) -> float | None:
+    """``RequestRecord.ttft_s`` of a record object."""
+    first = record["first_token_s"]
+    return None if first is None else float(first - record["arrival_s"])
+
+
+def _e2e_s(record: dict[str, Any]) -> float | None:
+    """``RequestRecord.e2e_s`` of a record object."""
+    last = record["last_token_s"]
+    return None if last is None else float(last - record["arrival_s"])
+
+
+def _tpot_s(record: dict[str, Any]) -> float | None:
+    """``RequestRecord.tpot_s`` of a record object."""
+    first, last, tokens = record["first_token_s"], record["last_token_s"], record["output_tokens"]
+    if first is None or last is None or not tokens or tokens < 2:
+        return None
+    return float((last - first) / (tokens - 1))
 
 
 def _release(call: Call) -> None:
@@ -213,7 +246,7 @@ class Router:
     def _pin(self, caller: ServerConnection, request: Request, route: PinnedRoute, path: bytes) -> Call:
         headers = request.headers
         arrival = time.time()
-        request_id = headers.get(b"x-request-id") or b"%024x" % random.getrandbits(96)
+        request_id = headers.get(b"x-request-id") or b"%024x" % _REQUEST_IDS.getrandbits(96)
         tenant = headers.get(b"x-tenant-id", b"")
         key = headers.get(b"x-session-id") or tenant or request_id
         target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
@@ -223,7 +256,7 @@ class Router:
         extra = target.headers + b"x-request-id: " + request_id + b"\r\n"
         call = Call(caller, request, route, target, path, body, request_id.decode(), tenant.decode(),
                     _slices(headers.get(b"x-revgate-slices")), arrival, extra,
-                    (("route", route.snapshot.route), ("revision", target.short)))
+                    target.labels)
         call.deadline = self._loop.time() + self._timeout_s(call)
         return call
 
@@ -384,72 +417,84 @@ class Router:
 
     def _finish(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> None:
         record = self._record(call, outcome, error, status)
-        if outcome == "ok" and call.relay is not None:
+        if outcome == "ok" and call.relay is not None and call.route.shadow is not None:
             self._offer_shadow(call, call.relay, record)
 
-    def _record(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> RequestRecord:
+    def _record(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> dict[str, Any]:
+        """Queue the attempt's record and count it; the record is a ``RequestRecord``'s JSON object.
+
+        Built as that object directly (same keys, same order, so the same line): constructing the
+        frozen dataclass and serialising it cost more than the rest of the record's bookkeeping.
+        """
         relay = call.relay
         body = relay.body() if relay is not None else b""
         streamed = relay is not None and relay.streamed
         usage = usage_of(body, streamed)
-        record = RequestRecord(
-            request_id=call.request_id,
-            revision=call.target.fingerprint,
-            arm="candidate" if call.target.arm == "candidate" else "stable",
-            arrival_s=call.arrival_s,
-            outcome=outcome,
-            attempt=call.attempts,
-            route=call.route.snapshot.route,
-            generation=call.route.snapshot.generation,
-            tenant=call.tenant,
-            slices=call.slices,
-            endpoint=call.endpoint,
-            first_token_s=relay.first_s if relay else None,
-            last_token_s=(relay.last_s or time.time()) if relay else time.time(),
-            prompt_tokens=usage.prompt_tokens,
-            output_tokens=usage.output_tokens,
-            finish_reason=usage.finish_reason,
-            status_code=status or (relay.status if relay and relay.status else None),
-            error=error,
-            output_text=output_text(body, streamed) if self.config.record_outputs and body else None,
-        )
+        record = {
+            "request_id": call.request_id,
+            "revision": call.target.fingerprint,
+            "arm": "candidate" if call.target.arm == "candidate" else "stable",
+            "arrival_s": call.arrival_s,
+            "outcome": outcome,
+            "attempt": call.attempts,
+            "route": call.route.snapshot.route,
+            "generation": call.route.snapshot.generation,
+            "tenant": call.tenant,
+            "slices": call.slices,
+            "endpoint": call.endpoint,
+            "first_token_s": relay.first_s if relay else None,
+            "last_token_s": (relay.last_s or time.time()) if relay else time.time(),
+            "prompt_tokens": usage.prompt_tokens,
+            "output_tokens": usage.output_tokens,
+            "finish_reason": usage.finish_reason,
+            "status_code": status or (relay.status if relay and relay.status else None),
+            "error": error,
+            "output_text": output_text(body, streamed) if self.config.record_outputs and body else None,
+            "reference": None,
+        }
         self.records.append(record)
         self._observe(call, record)
         return record
 
-    def _observe(self, call: Call, record: RequestRecord) -> None:
-        labels = (("route", record.route), ("revision", call.target.short), ("arm", call.target.arm))
-        self.metrics.requests[(*labels, ("outcome", record.outcome))] += 1
-        if record.outcome != "ok":
+    def _observe(self, call: Call, record: dict[str, Any]) -> None:
+        target, outcome = call.target, record["outcome"]
+        labels = target.outcome_labels.get(outcome)
+        if labels is None:
+            labels = (*target.labels, ("arm", target.arm), ("outcome", outcome))
+        metrics = self.metrics
+        metrics.requests[labels] += 1
+        if outcome != "ok":
             return
-        short = labels[:2]
-        if record.ttft_s is not None:
-            self.metrics.ttft.observe(short, record.ttft_s)
-        if record.tpot_s is not None:
-            self.metrics.tpot.observe(short, record.tpot_s)
-        if record.e2e_s is not None:
-            self.metrics.e2e.observe(short, record.e2e_s)
+        short = target.labels
+        ttft, tpot, e2e = _ttft_s(record), _tpot_s(record), _e2e_s(record)
+        if ttft is not None:
+            metrics.ttft.observe(short, ttft)
+        if tpot is not None:
+            metrics.tpot.observe(short, tpot)
+        if e2e is not None:
+            metrics.e2e.observe(short, e2e)
 
     # --- shadow ----------------------------------------------------------------------------
 
-    def _offer_shadow(self, call: Call, relay: Relay, record: RequestRecord) -> None:
+    def _offer_shadow(self, call: Call, relay: Relay, record: dict[str, Any]) -> None:
         if call.path == b"/v1/models" or relay.status != 200:
             return
         shadow = call.route.shadow_for(call.request_id.encode(), call.arrival_s)
         if shadow is None:
             return
+        route = call.route.snapshot.route
         if side_effecting(call.request.body, call.route.side_effecting_tools):
-            self.metrics.count_event("shadow_skipped_side_effecting", record.route)
+            self.metrics.count_event("shadow_skipped_side_effecting", route)
             return
         job = MirrorJob(
-            request_id=call.request_id, route=record.route, generation=record.generation, path=call.path.decode(),
-            body=call.request.body, target=shadow, stable_revision=call.target.fingerprint,
+            request_id=call.request_id, route=route, generation=call.route.snapshot.generation,
+            path=call.path.decode(), body=call.request.body, target=shadow, stable_revision=call.target.fingerprint,
             shadow_revision=shadow.fingerprint, stable_status=relay.status,
-            stable_output=output_text(relay.body(), relay.streamed), stable_ttft_s=record.ttft_s,
-            stable_e2e_s=record.e2e_s, tenant=call.tenant,
+            stable_output=output_text(relay.body(), relay.streamed), stable_ttft_s=_ttft_s(record),
+            stable_e2e_s=_e2e_s(record), tenant=call.tenant,
         )
         accepted = self.mirror.offer(job)
-        self.metrics.count_event("shadow_mirrored" if accepted else "shadow_dropped", record.route)
+        self.metrics.count_event("shadow_mirrored" if accepted else "shadow_dropped", route)
 
     async def _send_shadow(self, job: MirrorJob) -> ShadowAnswer:
         """Send one copy to the shadow revision; its answer only ever lands in a paired record."""

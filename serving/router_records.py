@@ -40,17 +40,30 @@ def dataclass_line(record: Any) -> str:
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+def line_bytes(record: Any) -> bytes:
+    """``dataclass_line`` plus the newline, as UTF-8 (orjson writes it so directly).
+
+    A record may also be given as its JSON object already (a dict with the dataclass's fields in
+    order): the same line.
+    """
+    if orjson is not None:
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    if isinstance(record, dict):
+        return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    return (dataclass_line(record) + "\n").encode()
+
+
 class JsonLinesWriter:
     """Appends records to a file in batches; with no path it discards them."""
 
     def __init__(self, path: Path | None, *, interval_s: float = 0.2) -> None:
         self.path, self.interval_s = path, interval_s
-        self.buffer: list[JsonLine] = []
+        self.buffer: list[JsonLine | dict[str, Any]] = []
         self.written = 0
-        self._stream: IO[str] | None = None
+        self._stream: IO[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def append(self, record: JsonLine) -> None:
+    def append(self, record: JsonLine | dict[str, Any]) -> None:
         """Queue one record (constant time; serialisation happens at flush)."""
         if self.path is not None:
             self.buffer.append(record)
@@ -60,7 +73,7 @@ class JsonLinesWriter:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._stream = self.path.open("a", encoding="utf-8")
+        self._stream = self.path.open("ab")
         self._task = asyncio.create_task(self._run())
 
     def flush(self) -> None:
@@ -68,7 +81,7 @@ class JsonLinesWriter:
         if not self.buffer or self._stream is None:
             return
         batch, self.buffer = self.buffer, []
-        self._stream.write("".join(dataclass_line(record) + "\n" for record in batch))
+        self._stream.write(b"".join([line_bytes(record) for record in batch]))
         self._stream.flush()
         self.written += len(batch)
 

@@ -7,18 +7,33 @@ hash and a few comparisons; nothing here does I/O.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from manifests.route import PPM, RevisionTarget, RouteSnapshot
 
 STABLE = "stable"
 CANDIDATE = "candidate"
+OUTCOMES = ("ok", "error", "timeout", "cancelled", "rejected")
+Labels = tuple[tuple[str, str], ...]
 
 
 def bucket_ppm(salt: bytes, key: bytes) -> int:
     """A uniform, deterministic position of ``key`` in [0, 1_000_000) under ``salt``."""
     digest = hashlib.blake2b(key, digest_size=8, key=salt[:64]).digest()
     return int.from_bytes(digest, "big") % PPM
+
+
+def _keyed(salt: bytes) -> Any:
+    """A blake2b state keyed with ``salt``: copying it is cheaper than keying a new one per request."""
+    return hashlib.blake2b(digest_size=8, key=salt[:64])
+
+
+def _bucket(keyed: Any, key: bytes) -> int:
+    """``bucket_ppm`` from a state made by ``_keyed`` (the same value)."""
+    state = keyed.copy()
+    state.update(key)
+    return int.from_bytes(state.digest(), "big") % PPM
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +47,8 @@ class Target:
     served_model: str | None
     headers: bytes  # "x-revgate-revision: ...\r\nx-revgate-generation: ...\r\n"
     short: str
+    labels: Labels = ()  # metric labels: route and revision
+    outcome_labels: dict[str, Labels] = field(default_factory=dict, compare=False, hash=False)  # + arm, outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +69,15 @@ class PinnedRoute:
     failure_domains: dict[str, str]
     timeout_s: float
     max_retries: int
+    canary_keyed: Any = field(compare=False, hash=False)  # _keyed(canary_salt)
+    shadow_keyed: Any = field(compare=False, hash=False)  # _keyed(shadow_salt)
 
     def assign(self, key: bytes, now_s: float) -> Target:
         """Stable or candidate for a stickiness key; the candidate only inside its lease."""
         candidate = self.candidate
         if candidate is None or now_s >= self.canary_expires_s or self.canary_weight_ppm == 0:
             return self.stable
-        if bucket_ppm(self.canary_salt, key) < self.canary_weight_ppm:
+        if _bucket(self.canary_keyed, key) < self.canary_weight_ppm:
             return candidate
         return self.stable
 
@@ -67,7 +86,7 @@ class PinnedRoute:
         shadow = self.shadow
         if shadow is None or now_s >= self.shadow_expires_s or self.shadow_sample_ppm == 0:
             return None
-        if bucket_ppm(self.shadow_salt, request_id) < self.shadow_sample_ppm:
+        if _bucket(self.shadow_keyed, request_id) < self.shadow_sample_ppm:
             return shadow
         return None
 
@@ -78,7 +97,8 @@ def _address(url: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _target(arm: str, target: RevisionTarget, generation: int) -> Target:
+def _target(arm: str, target: RevisionTarget, route: str, generation: int) -> Target:
+    labels = (("route", route), ("revision", target.short))
     headers = (
         f"x-revgate-revision: {target.fingerprint}\r\nx-revgate-generation: {generation}\r\n"
         f"x-revgate-arm: {arm}\r\n"
@@ -91,6 +111,8 @@ def _target(arm: str, target: RevisionTarget, generation: int) -> Target:
         served_model=target.served_model,
         headers=headers,
         short=target.short,
+        labels=labels,
+        outcome_labels={outcome: (*labels, ("arm", arm), ("outcome", outcome)) for outcome in OUTCOMES},
     )
 
 
@@ -98,23 +120,27 @@ def compile_route(snapshot: RouteSnapshot) -> PinnedRoute:
     """Precompute everything a request needs from ``snapshot``."""
     candidate, shadow = snapshot.candidate, snapshot.shadow
     generation = snapshot.generation
+    canary_salt = f"{snapshot.route}|{candidate.fingerprint if candidate else ''}".encode()
+    shadow_salt = f"shadow|{snapshot.route}|{shadow.fingerprint if shadow else ''}".encode()
     return PinnedRoute(
         snapshot=snapshot,
-        stable=_target(STABLE, snapshot.stable, generation),
-        candidate=None if candidate is None else _target(CANDIDATE, candidate, generation),
+        stable=_target(STABLE, snapshot.stable, snapshot.route, generation),
+        candidate=None if candidate is None else _target(CANDIDATE, candidate, snapshot.route, generation),
         # Salting with route and candidate keeps cohorts independent across candidates while a
         # weight ramp (1% -> 5%) only adds keys: a conversation never flips back.
-        canary_salt=f"{snapshot.route}|{candidate.fingerprint if candidate else ''}".encode(),
+        canary_salt=canary_salt,
         canary_weight_ppm=0 if candidate is None else candidate.weight_ppm,
         canary_expires_s=0.0 if candidate is None else candidate.lease_expires_at.timestamp(),
-        shadow=None if shadow is None else _target("shadow", shadow, generation),
-        shadow_salt=f"shadow|{snapshot.route}|{shadow.fingerprint if shadow else ''}".encode(),
+        shadow=None if shadow is None else _target("shadow", shadow, snapshot.route, generation),
+        shadow_salt=shadow_salt,
         shadow_sample_ppm=0 if shadow is None else shadow.sample_ppm,
         shadow_expires_s=0.0 if shadow is None else shadow.lease_expires_at.timestamp(),
         side_effecting_tools=frozenset(() if shadow is None else shadow.side_effecting_tools),
         failure_domains=dict(snapshot.failure_domains),
         timeout_s=snapshot.request_timeout_ms / 1000,
         max_retries=snapshot.max_retries,
+        canary_keyed=_keyed(canary_salt),
+        shadow_keyed=_keyed(shadow_salt),
     )
 
 

@@ -1,8 +1,8 @@
 """The promotion flow end to end on the embedded default: real Prefect, worker, vLLM, router, MLflow.
 
-The candidate is `slice-regressed`: better on average, clearly worse on one slice. The flow must
-catch it on that slice during the shadow stage and roll back, with the stable revision serving
-throughout and the evidence in MLflow.
+`slice-regressed` is better on average and clearly worse on one slice: the flow must catch it on
+that slice during the shadow stage and roll back, with stable serving throughout. `improved` must
+go through shadow, approval and canary to promotion, with the alias moved and the old stable drained.
 """
 
 from __future__ import annotations
@@ -20,13 +20,32 @@ from registry.route_store import open_route_store
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
 
-def test_a_slice_regression_is_caught_and_rolled_back(zoo_dir: Path, tmp_path: Path) -> None:
-    state = tmp_path / "demo"
-    result = subprocess.run(
+def demo(zoo_dir: Path, state: Path, candidate: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "cli.main", "demo", "--state", str(state), "--zoo", str(zoo_dir),
-         "--candidate", "slice-regressed"],
+         "--candidate", candidate],
         capture_output=True, text=True, timeout=1500, check=False,
     )
+
+
+def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    result = demo(zoo_dir, state, "improved")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "decision: promoted" in result.stdout
+
+    history = open_route_store(str(state / "routes")).history("demo")
+    first, last = history[0], history[-1]
+    assert any(s.shadow is not None for s in history) and any(s.candidate is not None for s in history)
+    assert last.stable.fingerprint != first.stable.fingerprint and last.candidate is None
+    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
+    alias = client.get_model_version_by_alias("revgate-model", "stable")
+    assert alias.tags["revgate.fingerprint"] == last.stable.fingerprint
+
+
+def test_a_slice_regression_is_caught_and_rolled_back(zoo_dir: Path, tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    result = demo(zoo_dir, state, "slice-regressed")
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     assert "decision: rolled_back" in result.stdout
 
