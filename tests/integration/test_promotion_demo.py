@@ -2,7 +2,7 @@
 
 `slice-regressed` is better on average and clearly worse on one slice: the flow must catch it on
 that slice during the shadow stage and roll back, with stable serving throughout. `improved` must
-go through shadow, approval and canary to promotion, with the alias moved and the old stable drained.
+go through shadow, approval and canary to promotion, with the MLflow alias moved to it.
 """
 
 from __future__ import annotations
