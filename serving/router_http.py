@@ -150,7 +150,7 @@ class ServerConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def finish(self, keep_alive: bool) -> None:
-        """End a response: close (once the request's task ends) unless the connection is kept alive."""
+        """End a response: close (once the request ends) unless the connection is kept alive."""
         if keep_alive:
             return
         self.close_when_done = True
