@@ -32,6 +32,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from serving.engine import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -94,12 +96,6 @@ def serve_upstream(ports: list[int]) -> None:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def wait_for(port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from evaluation.traces import generate_trace, write_trace
 from flows import processes
 from flows.spec import PromotionSpec
-from flows.steps import PromotionRefused
+from flows.steps import start_replica
 from manifests.gates import GatePolicy
 from manifests.revision import ExecutionConfig, InterfacePolicy, ServiceRevision
 from manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
@@ -38,16 +38,6 @@ from serving.worker_request import ReplicaRequest, SignaturePolicySpec
 
 ROUTE = "demo"
 EXECUTION = ExecutionConfig(dtype="float32", max_model_len=64, kv_cache_bytes=64 * 2**20, enforce_eager=True)
-
-
-@dataclass(frozen=True)
-class DemoPaths:
-    """Where the demo keeps its state (all under one folder, reused across runs)."""
-
-    root: Path
-
-    def __getattr__(self, name: str) -> Path:
-        return self.root / name
 
 
 def signing_key(folder: Path) -> tuple[Path, Path]:
@@ -101,17 +91,6 @@ def demo_policy() -> GatePolicy:
                             latency_metrics=[], slo=[slo])
 
 
-def start_stable(client: WorkerClient, request: ReplicaRequest) -> dict[str, object]:
-    """The stable replica, ready (reused when the worker already runs it)."""
-    replica = client.start(request)
-    view = client.wait_for(str(replica["replica_id"]), {"ready"}, 600)
-    if view.get("state") != "ready":
-        failure = view.get("failure") or {}
-        raise PromotionRefused(f"stable replica ended {view.get('state')}: {failure.get('message', '')}",
-                               where="worker", fix="Read the worker log in the demo state folder.")
-    return view
-
-
 def route_stable(routes: str, target: RevisionTarget) -> None:
     """Put ``target`` as the route's stable revision (a new generation on top of any history)."""
     store = open_route_store(routes)
@@ -128,55 +107,56 @@ def run_demo(
     root: Path, zoo_dir: Path, candidate: str = "improved", approval: str = "auto", zoo_scale: float = 1.0
 ) -> int:
     """Run the whole promotion; prints where to look at the evidence. Exit code 0 on a decision."""
-    paths = DemoPaths(root)
     print(f"revgate demo: state in {root}")
     from zoo.build import make_zoo
     from zoo.recipe import default_zoo
 
     zoo = make_zoo(zoo_dir, default_zoo(zoo_scale))
-    key, public = signing_key(paths.keys)
-    store = str(paths.artifacts)
-    digests = {name: publish(zoo_dir / zoo[name].path, store, key, paths.signatures) for name in ("stable", candidate)}
+    key, public = signing_key(root / "keys")
+    store = str(root / "artifacts")
+    signatures = root / "signatures"
+    digests = {name: publish(zoo_dir / zoo[name].path, store, key, signatures) for name in ("stable", candidate)}
     print(f"published stable {digests['stable'][:19]} and {candidate} {digests[candidate][:19]}, signed")
     policy = SignaturePolicySpec(kind="key", public_key=str(public))
-    trace = paths.root / "trace.jsonl"
+    trace = root / "trace.jsonl"
     write_trace(generate_trace(1200, rate=40.0, seed=7), trace)
-    token = processes.token_file(paths.root / "token")
-    with processes.stack() as services:
-        env = services.enter_context(processes.prefect_server(paths.prefect))
+    token = processes.token_file(root / "token")
+    routes, router_state = str(root / "routes"), root / "router"
+    with ExitStack() as services:
+        env = services.enter_context(processes.prefect_server(root / "prefect"))
         print(f"Prefect server at {env['PREFECT_API_URL'].removesuffix('/api')}")
-        worker_url = services.enter_context(processes.worker_agent(paths.worker, token))
+        worker_url = services.enter_context(processes.worker_agent(root / "worker", token))
         client = WorkerClient(worker_url, token.read_text().strip())
         stable_revision = ServiceRevision(
             name="stable", artifact=open_store(store).get_manifest(digests["stable"]),
             runtime=engine_runtime(Path(".venv-engine")), execution=EXECUTION, interface=InterfacePolicy(),
         )
         warm = WarmProfile(prompt_lengths=(8, 16), max_tokens=8, concurrency=4, request_count=8)
-        view = start_stable(client, ReplicaRequest(revision=stable_revision, store=store, signature_policy=policy,
+        view = start_replica(client, ReplicaRequest(revision=stable_revision, store=store, signature_policy=policy,
                                                    warm=warm))
         print(f"stable replica ready at {view['endpoint']}")
-        route_stable(str(paths.routes), RevisionTarget(fingerprint=stable_revision.fingerprint,
+        route_stable(routes, RevisionTarget(fingerprint=stable_revision.fingerprint,
                                                        endpoints=(str(view["endpoint"]),),
                                                        served_model=str(view["served_model"])))
         public_url, admin_url = services.enter_context(
-            processes.router(str(paths.routes), ROUTE, paths.router, token))
+            processes.router(routes, ROUTE, router_state, token))
         print(f"router at {public_url}")
         spec = PromotionSpec(
             route=ROUTE, candidate_manifest=digests[candidate], candidate_name=candidate, artifact_store=store,
-            route_store=str(paths.routes), signature=policy, execution=EXECUTION, warm=warm,
+            route_store=routes, signature=policy, execution=EXECUTION, warm=warm,
             gate_policy=demo_policy(), plan=demo_plan(), worker_url=worker_url, worker_token_file=str(token),
             router_url=public_url, router_admin_url=admin_url, router_admin_token_file=str(token),
-            paired_records=str(paths.router / "paired.jsonl"), trace=str(trace), batch_size=200,
-            tracking_uri=f"sqlite:///{(paths.root / 'mlflow.db').resolve()}", evidence_root=str(paths.evidence),
+            paired_records=str(router_state / "paired.jsonl"), trace=str(trace), batch_size=200,
+            tracking_uri=f"sqlite:///{(root / 'mlflow.db').resolve()}", evidence_root=str(root / "evidence"),
             approval=approval,  # type: ignore[arg-type]
         )
-        spec_file = paths.root / "promotion.json"
+        spec_file = root / "promotion.json"
         spec_file.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
         how = "approval given automatically" if approval == "auto" else "approve it in the Prefect UI"
         print(f"running promote_revision ({how})")
         result = subprocess.run([sys.executable, "-m", "cli.main", "promote", str(spec_file)],
                                 env={**os.environ, **env}, check=False)
-        history = open_route_store(str(paths.routes)).history(ROUTE)
+        history = open_route_store(routes).history(ROUTE)
         print(json.dumps([{"generation": s.generation, "stable": s.stable.short,
                            "candidate": s.candidate.short if s.candidate else None,
                            "weight_ppm": s.candidate.weight_ppm if s.candidate else 0,

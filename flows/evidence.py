@@ -48,17 +48,35 @@ def canary_arms(
     return stable_arm, candidate_arm
 
 
-def read_pairs(path: Path, prefix: str) -> list[PairedRecord]:
-    """The shadow pairs the router wrote for requests whose id starts with ``prefix``."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    pairs = (PairedRecord.from_json(line) for line in lines if line.strip())
-    return [pair for pair in pairs if pair.request_id.startswith(prefix)]
+class PairedRecordsTail:
+    """The router's paired-records file, read incrementally: each poll parses only what was appended.
+
+    A stage polls the file after every batch and while the mirror catches up; re-reading the whole
+    file each time would grow with every earlier stage's pairs.
+    """
+
+    def __init__(self, path: Path, prefix: str) -> None:
+        self.path = path
+        self.prefix = prefix
+        self.offset = 0
+        self.pairs: list[PairedRecord] = []
+
+    def poll(self) -> int:
+        """Read complete lines appended since the last poll; the number of the stage's pairs so far."""
+        if not self.path.exists():
+            return len(self.pairs)
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        parsed = (PairedRecord.from_json(line) for line in complete.decode("utf-8").splitlines() if line.strip())
+        self.pairs += [pair for pair in parsed if pair.request_id.startswith(self.prefix)]
+        return len(self.pairs)
 
 
 def settled_pairs(
-    path: Path, prefix: str, expected: int, *, quiet_s: float = 1.5, limit_s: float = 30.0
+    tail: PairedRecordsTail, expected: int, *, quiet_s: float = 1.5, limit_s: float = 30.0
 ) -> list[PairedRecord]:
     """The stage's pairs once the mirror has caught up: all ``expected`` are in, or none came for ``quiet_s``.
 
@@ -66,14 +84,12 @@ def settled_pairs(
     pairs land a little after the replay ends; dropped copies never land (the router counts them).
     """
     deadline = time.monotonic() + limit_s
-    pairs = read_pairs(path, prefix)
-    last_change = time.monotonic()
-    while len(pairs) < expected and time.monotonic() < deadline and time.monotonic() - last_change < quiet_s:
+    count, last_change = tail.poll(), time.monotonic()
+    while count < expected and time.monotonic() < deadline and time.monotonic() - last_change < quiet_s:
         time.sleep(0.25)
-        latest = read_pairs(path, prefix)
-        if len(latest) != len(pairs):
-            pairs, last_change = latest, time.monotonic()
-    return pairs
+        if tail.poll() != count:
+            count, last_change = len(tail.pairs), time.monotonic()
+    return list(tail.pairs)
 
 
 def _shadow_record(pair: PairedRecord, entry: TraceEntry, arrival: float) -> RequestRecord:

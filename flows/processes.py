@@ -7,27 +7,20 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from manifests.errors import RevgateError
+from serving.engine import free_port
 
 
 class ServiceFailed(RevgateError):
     """A local service did not come up."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -116,8 +109,3 @@ def router(routes: str, route: str, folder: Path, token: Path) -> Iterator[tuple
             "--paired-records", str(folder / "paired.jsonl"), "--record-outputs", "--poll-interval", "0.5"]
     with service(argv, f"http://127.0.0.1:{port}/health", folder / "router.log"):
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
-
-
-def stack() -> ExitStack:
-    """An exit stack for nesting services (stopped in reverse order)."""
-    return ExitStack()

@@ -117,6 +117,7 @@ def analyze_task(
     sent: list[RequestRecord] = []
     replayed: list[TraceEntry] = []
     batches = max(1, -(-step.max_samples // spec.batch_size))
+    pairs = evidence.PairedRecordsTail(Path(spec.paired_records), f"{stage}-")
     report: GateReport | None = None
     for batch in range(batches):
         entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
@@ -126,8 +127,8 @@ def analyze_task(
             sent += records
             replayed += entries
             expected = round(len(sent) * state.shadow_ppm / 1_000_000)
-            pairs = evidence.settled_pairs(Path(spec.paired_records), f"{stage}-", expected)
-            stable_arm, candidate_arm = evidence.shadow_arms(sent, pairs, replayed)
+            settled = evidence.settled_pairs(pairs, expected)
+            stable_arm, candidate_arm = evidence.shadow_arms(sent, settled, replayed)
         else:
             arms = evidence.canary_arms(records, stable, candidate)
             stable_arm += arms[0]

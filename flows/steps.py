@@ -79,19 +79,23 @@ def check_capacity(spec: PromotionSpec, stable: str) -> dict[str, Any]:
     return report
 
 
-def load_candidate(spec: PromotionSpec, revision: ServiceRevision, timeout_s: float = 600) -> dict[str, Any]:
-    """Start, verify, load and warm the candidate on the worker; return its ready replica."""
-    client = worker(spec)
-    replica = client.start(replica_request(spec, revision))
+def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: float = 600) -> dict[str, Any]:
+    """Start, verify, load and warm a replica on the worker; its view once ready, else the worker's reason."""
+    replica = client.start(request)
     view = client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s)
     if view.get("state") != "ready":
         failure = view.get("failure") or {}
+        reason = f"{failure.get('error', '')} {failure.get('message', '')}".strip()
         raise PromotionRefused(
-            f"candidate replica ended {view.get('state')}: {failure.get('error', '')} {failure.get('message', '')}"
-            .strip(),
-            where=spec.worker_url, fix="Read the replica's reason; nothing was routed to it.",
+            f"replica of {request.revision.name or request.revision.short} ended {view.get('state')}: {reason}",
+            where=client.url, fix="Read the replica's reason in the worker's log; nothing was routed to it.",
         )
     return view
+
+
+def load_candidate(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, Any]:
+    """The candidate's replica, ready on the spec's worker."""
+    return start_replica(worker(spec), replica_request(spec, revision))
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float = 60) -> tuple[int, bytes]:

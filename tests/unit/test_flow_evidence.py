@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry
-from flows.evidence import build_evidence, canary_arms, shadow_arms, stage_batch
+from flows.evidence import PairedRecordsTail, build_evidence, canary_arms, settled_pairs, shadow_arms, stage_batch
 from flows.report import report_markdown, slice_rows
 from shadow.records import PairedRecord
 
@@ -69,3 +71,22 @@ def test_the_report_a_release_manager_reads_names_outcome_volumes_and_gates() ->
     assert "| candidate | 40 |" in text
     assert all(f"| {gate.gate} |" in text for gate in report.gates)
     assert {row["gate"] for row in slice_rows(report)} == {gate.gate for gate in report.gates}
+
+
+def test_the_pairs_tail_reads_only_new_complete_lines_of_its_stage(tmp_path: Path) -> None:
+    def pair(request_id: str) -> str:
+        return PairedRecord(
+            request_id=request_id, route="r", generation=2, path="/v1/completions", stable_revision=STABLE,
+            shadow_revision=CANDIDATE, stable_status=200, stable_output="1", stable_ttft_s=0.1, stable_e2e_s=0.2,
+            shadow_status=200, shadow_output="1", shadow_ttft_s=0.1, shadow_e2e_s=0.2,
+        ).to_json()
+
+    path = tmp_path / "paired.jsonl"
+    tail = PairedRecordsTail(path, "step01-")
+    assert tail.poll() == 0  # no file yet
+    path.write_text(pair("step01-b0-a") + "\n" + pair("step00-b0-x") + "\n" + pair("step01-b0-b")[:20])
+    assert tail.poll() == 1  # the other stage's pair is skipped, the half-written line waits
+    with path.open("a") as handle:
+        handle.write(pair("step01-b0-b")[20:] + "\n")
+    assert tail.poll() == 2
+    assert [p.request_id for p in settled_pairs(tail, expected=2)] == ["step01-b0-a", "step01-b0-b"]
