@@ -93,12 +93,16 @@ def test_improved_revision_passes_every_slice(zoo_dir: Path, zoo_eval: object) -
 
 
 def slo_policy(stable: tuple[RequestRecord, ...]) -> GatePolicy:
-    """An SLO the stable revision meets in the same window, with room: TPOT and E2E within 1.5x its p90."""
+    """An SLO the stable revision meets in the same window, with room: TPOT and E2E within 1.2x its p90.
+
+    At 1.5x, slow (about 2 to 3.5 times stable's time per token, depending on other work on the
+    cores) sometimes attained 64% against the 70% target: inconclusive rather than failed.
+    """
     tpot = float(np.quantile(metrics.latencies_ms(stable, "tpot"), 0.9))
     e2e = float(np.quantile(metrics.latencies_ms(stable, "e2e"), 0.9))
     n = len(stable)
     return GatePolicy.build(
-        slo=[{"tpot_ms": math.ceil(1.5 * tpot), "e2e_ms": math.ceil(1.5 * e2e), "attainment": "0.7"}],
+        slo=[{"tpot_ms": math.ceil(1.2 * tpot), "e2e_ms": math.ceil(1.2 * e2e), "attainment": "0.7"}],
         latency_metrics=["tpot"],
         latency_margin="0.25",
         max_samples_per_stage=n,
