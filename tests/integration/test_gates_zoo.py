@@ -2,8 +2,11 @@
 
 Quality reads the zoo's evaluation records (ZOO/eval/<revision>.jsonl: the balanced evaluation set
 as greedy completions, made once per run by the session fixtures ``zoo_dir`` and ``zoo_eval``).
-Latency and SLOs come from replaying one open-loop trace against the stable and the slow revision at
-the same time, so stable is a concurrent baseline on the same shared CPUs.
+Latency and SLOs come from replaying one open-loop trace against the stable and the slow revision in
+alternating blocks. Not at the same time: on two shared cores, two engines and the load generator
+need more CPU than there is (measured at 8 req/s: stable 0.75 cores, slow 1.28), and a saturated
+host measured either arm at 3 to 25 times its own time per token, in either order. Alternating
+blocks of a few seconds keep the arms in one window, so drift on the host reaches both.
 """
 
 from __future__ import annotations
@@ -95,8 +98,8 @@ def test_improved_revision_passes_every_slice(zoo_dir: Path, zoo_eval: object) -
 def slo_policy(stable: tuple[RequestRecord, ...]) -> GatePolicy:
     """An SLO the stable revision meets in the same window, with room: TPOT and E2E within 1.2x its p90.
 
-    At 1.5x, slow (about 2 to 3.5 times stable's time per token, depending on other work on the
-    cores) sometimes attained 64% against the 70% target: inconclusive rather than failed.
+    Unloaded at 3 to 8 req/s, slow takes 2.3 to 2.5 times stable's time per token (7.4 to 8.9 ms
+    against 3.2 to 3.6 at the median), so its attainment of this target is far below 70%.
     """
     tpot = float(np.quantile(metrics.latencies_ms(stable, "tpot"), 0.9))
     e2e = float(np.quantile(metrics.latencies_ms(stable, "e2e"), 0.9))
@@ -113,43 +116,44 @@ def slo_policy(stable: tuple[RequestRecord, ...]) -> GatePolicy:
 
 @pytest.fixture(scope="module")
 def vllm_slow(zoo_dir: Path) -> Iterator[EngineProcess]:
-    """The slow revision served beside the session's stable server, for a concurrent baseline."""
+    """The slow revision served beside the session's stable server."""
     revisions = load_revisions(zoo_dir)
     with serve(zoo_dir / revisions["slow"].path, ZOO_EXECUTION, "slow") as engine:
         engine.wait_healthy()
         yield engine
 
 
-def concurrent_replay(trace: list[TraceEntry], stable_url: str, candidate_url: str) -> tuple[ReplayResult, ...]:
-    """The same open-loop trace against both revisions at the same time (stable is the concurrent baseline)."""
+def alternating_replay(
+    trace: list[TraceEntry], stable_url: str, candidate_url: str, block: int = 20
+) -> tuple[tuple[RequestRecord, ...], tuple[RequestRecord, ...]]:
+    """Each block of the open-loop trace against one revision, then the other (who goes first alternates)."""
+    arms: dict[str, list[RequestRecord]] = {"stable": [], "candidate": []}
+    for number, first in enumerate(range(0, len(trace), block)):
+        chunk = [replace(e, offset_s=e.offset_s - trace[first].offset_s) for e in trace[first : first + block]]
+        order = [("stable", stable_url), ("candidate", candidate_url)]
+        for arm, url in order if number % 2 == 0 else order[::-1]:
+            run = asyncio.run(replay(chunk, url + "/v1", "stable" if arm == "stable" else "slow"))
+            assert len(run.records) == len(chunk)
+            arms[arm] += [replace(r, arm=arm) for r in run.records]
+    return tuple(arms["stable"]), tuple(arms["candidate"])
 
-    async def both() -> tuple[ReplayResult, ...]:
-        runs = (replay(trace, stable_url + "/v1", "stable"), replay(trace, candidate_url + "/v1", "slow"))
-        return tuple(await asyncio.gather(*runs))
 
-    return asyncio.run(both())
-
-
-def test_slow_revision_fails_on_slo_in_a_concurrent_replay(
+def test_slow_revision_fails_on_slo_and_latency(
     zoo_dir: Path, zoo_eval: object, vllm_stable: EngineProcess, vllm_slow: EngineProcess
 ) -> None:
-    # Fixed-length answers (16 tokens, EOS ignored) so every request has a TPOT.
-    trace = [
-        replace(e, body=e.body | {"max_tokens": 16, "ignore_eos": True}) for e in generate_trace(120, 8.0, seed=11)
-    ]
-    stable_run, slow_run = concurrent_replay(trace, vllm_stable.url, vllm_slow.url)
-    for run in (stable_run, slow_run):
-        ok = [r for r in run.records if r.outcome == "ok"]
-        assert len(run.records) == len(trace) and len(ok) >= 0.95 * len(trace), {r.error for r in run.records}
+    # Fixed-length answers (16 tokens, EOS ignored) so every request has a TPOT; 3 req/s leaves CPU spare.
+    trace = [replace(e, body=e.body | {"max_tokens": 16, "ignore_eos": True}) for e in generate_trace(120, 3.0, seed=11)]
+    stable, slow = alternating_replay(trace, vllm_stable.url, vllm_slow.url)
+    for records in (stable, slow):
+        ok = [r for r in records if r.outcome == "ok"]
+        assert len(records) == len(trace) and len(ok) >= 0.95 * len(trace), {r.error for r in records}
         assert {r.output_tokens for r in ok} == {16} and all(r.ttft_s is not None for r in ok)
-    stable = tuple(replace(r, arm="stable") for r in stable_run.records)
-    slow = tuple(replace(r, arm="candidate") for r in slow_run.records)
     policy = slo_policy(stable)
     report = judge(gates_from_policy(policy), policy, Evidence(stable, slow, final=True))
     by_gate = {g.gate: g for g in report.gates}
     assert by_gate["slo-*"].outcome == "fail", by_gate["slo-*"]
     assert by_gate["latency-tpot"].outcome == "fail", by_gate["latency-tpot"]
-    assert report.outcome == "fail" and report.notes[0].startswith("stable may serve")  # windows overlapped
+    assert report.outcome == "fail" and report.notes[0].startswith("stable may serve")  # one window for both
     # The SLO is one stable meets: judged on its own traffic, the SLO gate passes.
     itself = Evidence(stable, tuple(replace(r, arm="candidate") for r in stable), final=True)
     assert {g.gate: g.outcome for g in judge(gates_from_policy(policy), policy, itself).gates}["slo-*"] == "pass"
