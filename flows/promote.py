@@ -155,6 +155,7 @@ class Promotion:
         self.state = start(spec.plan)
         self.stable = steps.current_route(spec).stable.fingerprint
         self.reports = 0
+        self.latest_report = "No gate report yet."
 
     def apply_route(self) -> None:
         """Commit the route this state asks for (nothing when it already routes that way)."""
@@ -181,6 +182,7 @@ class Promotion:
         markdown = report_markdown(report, stage)
         create_markdown_artifact(markdown, key=f"gate-report-{self.spec.route}", description=f"gates at {stage}")
         create_table_artifact(slice_rows(report), key=f"gate-slices-{self.spec.route}", description=stage)
+        self.latest_report = markdown
         return markdown
 
     def ask_approval(self, step: Approve, markdown: str) -> ApprovalGiven:
@@ -219,7 +221,8 @@ class Promotion:
             event = GateDecided(report.outcome, report.evidence_digest, at_limit=at_limit, reason=reason)
             self.state = advance(self.spec.plan, self.state, event)
         elif isinstance(step, Approve):
-            self.state = advance(self.spec.plan, self.state, self.ask_approval(step, "see the latest gate report"))
+            # The form shows the report whose digest the answer is bound to.
+            self.state = advance(self.spec.plan, self.state, self.ask_approval(step, self.latest_report))
         elif isinstance(step, Bake):
             time.sleep(step.seconds)
             self.renew()

@@ -1,11 +1,14 @@
-"""Approval through the Prefect API the UI's Resume form uses: the flow pauses, shows the evidence,
-and continues only with the answer a release manager gave, bound to the evidence digest."""
+"""Approval by a release manager: the flow pauses, shows the evidence, and continues only with the
+answer given, bound to the evidence digest. Once through the API the UI's Resume form posts to, once
+by pressing the buttons of the Prefect UI itself in a headless Chromium."""
 
 from __future__ import annotations
 
 import contextvars
+import shutil
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,28 +23,72 @@ from tests.integration.test_flow_lock import spec
 
 pytestmark = pytest.mark.servers
 EVIDENCE = "sha256:" + "e" * 64
+REPORT = "| gate | outcome |\n|---|---|\n| quality-sliced | PASS |"
+# Chromium must reach nothing but this machine; the flags are those FACTS.md found to work offline.
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+]
+
+Manager = Callable[[Any, dict[str, Any]], None]
 
 
-def resume_when_paused(run_id: list[Any], answer: dict[str, Any], seen: dict[str, Any]) -> None:
-    """What a release manager does in the UI: wait for the pause, read the form, press Resume."""
+def wait_until_paused(run_id: list[Any], timeout: float = 120) -> Any:
+    """The flow run's id once it is paused and waiting for input."""
     from prefect.client.orchestration import get_client
-    from prefect.flow_runs import resume_flow_run
 
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if run_id:
             with get_client(sync_client=True) as client:
                 state = client.read_flow_run(run_id[0]).state
             if state is not None and state.is_paused():
-                seen["paused"] = True
-                resume_flow_run(run_id[0], run_input=answer)
-                return
+                return run_id[0]
         time.sleep(0.5)
+    raise TimeoutError("the flow did not pause for approval within the time allowed")
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("approve", [True, False])
-def test_the_flow_waits_for_the_release_managers_answer(prefect_api: str, tmp_path: Path, approve: bool) -> None:
+def through_the_api(answer: dict[str, Any]) -> Manager:
+    """What the UI's Resume form does, through the API: post the answer as the run's input."""
+
+    def manager(run_id: Any, seen: dict[str, Any]) -> None:
+        from prefect.flow_runs import resume_flow_run
+
+        resume_flow_run(run_id, run_input=answer)
+        seen["answered"] = True
+
+    return manager
+
+
+def through_the_ui(ui_url: str, approve: bool, comment: str) -> Manager:
+    """A release manager in the Prefect UI: open the paused run, read the report, answer, submit."""
+
+    def manager(run_id: Any, seen: dict[str, Any]) -> None:
+        from playwright.sync_api import expect, sync_playwright
+
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{ui_url}/runs/flow-run/{run_id}")
+            page.get_by_role("button", name="Resume").first.click(timeout=90_000)
+            form = page.locator(".p-modal")
+            # The gate report is rendered above the form, and the digest it is bound to is filled in.
+            expect(form.get_by_role("cell", name="quality-sliced")).to_be_visible(timeout=30_000)
+            seen["report_shown"] = form.get_by_role("cell", name="PASS").is_visible()
+            seen["digest_shown"] = form.locator("textarea").first.input_value()
+            if approve:
+                form.get_by_role("switch").click()
+            form.locator("textarea").nth(1).fill(comment)
+            form.get_by_role("button", name="Submit").click()
+            expect(form).to_be_hidden(timeout=30_000)
+            seen["answered"] = True
+            browser.close()
+
+    return manager
+
+
+def approval_round(prefect_api: str, tmp_path: Path, manager: Manager) -> tuple[tuple[bool, str], dict[str, Any], Path]:
+    """Run a flow that asks for approval while ``manager`` answers; the answer and the ledger's copy."""
     from prefect import flow
     from prefect.runtime import flow_run
 
@@ -58,21 +105,41 @@ def test_the_flow_waits_for_the_release_managers_answer(prefect_api: str, tmp_pa
     @flow(name="approval-probe")
     def probe() -> tuple[bool, str]:
         run_id.append(flow_run.id)
-        gated = spec(tmp_path, "gated").model_copy(update={"approval": "ui", "approval_timeout_s": 90})
+        gated = spec(tmp_path, "gated").model_copy(update={"approval": "ui", "approval_timeout_s": 150})
         promotion = Promotion(gated, ledger, run, candidate)
         promotion.state = promotion.state.__class__(evidence_digest=EVIDENCE)
-        answer = promotion.ask_approval(Approve(), "| gate | outcome |\n|---|---|\n| quality | PASS |")
+        answer = promotion.ask_approval(Approve(), REPORT)
         return answer.approved, answer.evidence_digest
 
     seen: dict[str, Any] = {}
-    answer = {"approve": approve, "evidence_digest": EVIDENCE, "comment": "looked at the slices"}
+
+    def release_manager() -> None:
+        manager(wait_until_paused(run_id), seen)
+
     # The release manager's thread talks to the same Prefect server: it runs in a copy of this context.
-    context = contextvars.copy_context()
-    manager = threading.Thread(target=context.run, args=(resume_when_paused, run_id, answer, seen))
-    manager.start()
-    approved, digest = probe()
-    manager.join()
-    assert seen.get("paused") is True
-    assert (approved, digest) == (approve, EVIDENCE)
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(release_manager,))
+    thread.start()
+    result = probe()
+    thread.join()
     logged = ledger.client.download_artifacts(run.run_id, "evidence/approval.json", str(tmp_path))
-    assert "looked at the slices" in Path(logged).read_text()
+    return result, seen, Path(logged)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("approve", [True, False])
+def test_the_flow_waits_for_the_release_managers_answer(prefect_api: str, tmp_path: Path, approve: bool) -> None:
+    answer = {"approve": approve, "evidence_digest": EVIDENCE, "comment": "looked at the slices"}
+    result, seen, logged = approval_round(prefect_api, tmp_path, through_the_api(answer))
+    assert seen.get("answered") is True
+    assert result == (approve, EVIDENCE)
+    assert "looked at the slices" in logged.read_text()
+
+
+@pytest.mark.timeout(400)
+def test_a_release_manager_approves_in_the_prefect_ui(prefect_api: str, tmp_path: Path) -> None:
+    assert shutil.which("chromium"), "Chromium is missing: `make setup` installs it (Debian package chromium)"
+    manager = through_the_ui(prefect_api.removesuffix("/api"), approve=True, comment="sort/long looks fine")
+    result, seen, logged = approval_round(prefect_api, tmp_path, manager)
+    assert seen == {"report_shown": True, "digest_shown": EVIDENCE, "answered": True}
+    assert result == (True, EVIDENCE)
+    assert "sort/long looks fine" in logged.read_text()

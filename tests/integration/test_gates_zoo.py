@@ -24,7 +24,7 @@ from evaluation import metrics
 from evaluation.evidence import build_evidence, read_records, reference_task_grade
 from evaluation.gates import Evidence, QualityGate, gates_from_policy, judge
 from evaluation.records import Arm, RequestRecord
-from evaluation.replay import ReplayResult, replay
+from evaluation.replay import replay
 from evaluation.traces import TraceEntry, generate_trace
 from manifests.gates import GatePolicy
 from serving.engine import EngineProcess, serve
@@ -142,7 +142,8 @@ def test_slow_revision_fails_on_slo_and_latency(
     zoo_dir: Path, zoo_eval: object, vllm_stable: EngineProcess, vllm_slow: EngineProcess
 ) -> None:
     # Fixed-length answers (16 tokens, EOS ignored) so every request has a TPOT; 3 req/s leaves CPU spare.
-    trace = [replace(e, body=e.body | {"max_tokens": 16, "ignore_eos": True}) for e in generate_trace(120, 3.0, seed=11)]
+    fixed = {"max_tokens": 16, "ignore_eos": True}
+    trace = [replace(e, body=e.body | fixed) for e in generate_trace(120, 3.0, seed=11)]
     stable, slow = alternating_replay(trace, vllm_stable.url, vllm_slow.url)
     for records in (stable, slow):
         ok = [r for r in records if r.outcome == "ok"]
