@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "cli.worker",
     "cli.routes",
     "cli.rollout",
+    "cli.evidence",
     "cli.evaluate",
     "cli.demo",
 )

@@ -162,4 +162,7 @@ def run_demo(
                            "weight_ppm": s.candidate.weight_ppm if s.candidate else 0,
                            "shadow": s.shadow.short if s.shadow else None} for s in history[-8:]], indent=1))
         print(f"evidence: MLflow store {spec.tracking_uri} (mlflow ui --backend-store-uri {spec.tracking_uri})")
+        tried = [s.candidate or s.shadow for s in history if s.candidate or s.shadow]
+        if tried and tried[-1] is not None:
+            print(f"audit it: revgate evidence --tracking-uri {spec.tracking_uri} {tried[-1].fingerprint}")
         return result.returncode

@@ -9,6 +9,7 @@ route; MLflow keeps no alias history, so every move is also recorded as a regist
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from typing import Any
 
 from manifests.document import Document
 from manifests.errors import RevgateError
+from registry.audit import RunEvidence, check_documents, parse_approval, recorded_digests, recorded_steps
 
 
 class LedgerUnavailable(RevgateError):
@@ -113,3 +115,52 @@ class EvidenceLedger:
         tags = self.client.get_registered_model(model).tags
         moves = [json.loads(value) for key, value in tags.items() if key.startswith("revgate.alias-history.")]
         return sorted(moves, key=lambda move: int(move["sequence"]))
+
+    def evidence_of(self, candidate: str) -> list[RunEvidence]:
+        """Every promotion run of the revision whose fingerprint is or starts with ``candidate``."""
+        experiments = [e.experiment_id for e in self.client.search_experiments() if e.name.startswith("revgate/")]
+        if not experiments:
+            return []
+        quoted = candidate.replace("'", "")
+        runs = self.client.search_runs(experiments, filter_string=f"tags.`revgate.candidate` LIKE '{quoted}%'")
+        return [self._run_evidence(run) for run in runs]
+
+    def _run_evidence(self, run: Any) -> RunEvidence:
+        tags: dict[str, str] = dict(run.data.tags)
+
+        def read(name: str) -> bytes | None:
+            return self.read_artifact(run.info.run_id, f"evidence/{name}.json")
+
+        return RunEvidence(
+            run_id=run.info.run_id,
+            route=tags.get("revgate.route", ""),
+            candidate=tags.get("revgate.candidate", ""),
+            decision=tags.get("revgate.decision", ""),
+            started_ms=int(run.info.start_time or 0),
+            steps=recorded_steps(tags),
+            documents=check_documents(recorded_digests(tags), read),
+            approval=parse_approval(self.read_artifact(run.info.run_id, "evidence/approval.json")),
+        )
+
+    def read_artifact(self, run_id: str, path: str) -> bytes | None:
+        """The bytes of one run artifact as stored now, or None when it is not there."""
+        from mlflow.exceptions import MlflowException
+
+        with tempfile.TemporaryDirectory(prefix="revgate-audit-") as folder:
+            try:
+                local = self.client.download_artifacts(run_id, path, folder)
+            except (MlflowException, OSError):
+                return None
+            return Path(local).read_bytes() if Path(local).is_file() else None
+
+    def aliases_of(self, model: str, candidate: str) -> dict[str, str]:
+        """Alias -> version for the registered model's versions of this revision (empty if none)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            registered = self.client.get_registered_model(model)
+            versions = self.client.search_model_versions(f"name = '{model.replace(chr(39), '')}'")
+        except MlflowException:
+            return {}
+        ours = {str(v.version) for v in versions if str(v.tags.get("revgate.fingerprint", "")).startswith(candidate)}
+        return {alias: str(version) for alias, version in registered.aliases.items() if str(version) in ours}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,11 @@ from manifests.canonical import sha256_digest
 from registry.ledger import EvidenceLedger, sqlite_uri
 
 pytestmark = pytest.mark.servers
+
+
+def revgate(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as an auditor runs it."""
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, check=False)
 
 
 def manifest() -> ArtifactManifest:
@@ -48,3 +56,54 @@ def test_aliases_move_and_their_history_is_kept(tmp_path: Path) -> None:
     version = ledger.client.get_model_version("chat-model", v2)
     assert version.run_id == second.run_id
     assert version.tags["revgate.fingerprint"] == "sha256:" + "2" * 64
+
+
+def promoted_run(tmp_path: Path, fingerprint: str) -> tuple[str, Path]:
+    """A closed, promoted run with a manifest, a step, an approval and a registered version."""
+    ledger = EvidenceLedger(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "artifacts")
+    run = ledger.open_run("chat", fingerprint)
+    ledger.log_document(run, "artifact-manifest", manifest())
+    ledger.log_document(run, "service-revision", manifest())
+    ledger.log_step(run, "verify", "pass")
+    ledger.log_json(run, "approval", {"approve": True, "evidence_digest": "sha256:" + "e" * 64, "comment": "ok"})
+    version = ledger.register_version(run, "chat-model", fingerprint)
+    ledger.move_alias("chat-model", "stable", version, by="flow", generation=3)
+    ledger.close(run, "promoted")
+    return run.run_id, Path(ledger.client.get_run(run.run_id).info.artifact_uri.removeprefix("file://"))
+
+
+def test_an_auditor_traces_a_revision_and_finds_its_evidence_intact(tmp_path: Path) -> None:
+    fingerprint = "sha256:" + "7" * 64
+    run_id, _ = promoted_run(tmp_path, fingerprint)
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    result = revgate("evidence", fingerprint[:19], "--tracking-uri", uri, "--model", "chat-model")
+    assert result.returncode == 0, result.stderr
+    assert f"run {run_id}  route chat  decision promoted" in result.stdout
+    assert "steps: verify=pass" in result.stdout and "approval: approved for sha256:eeee" in result.stdout
+    assert "ok       evidence/artifact-manifest.json" in result.stdout
+    assert "alias stable -> version 1" in result.stdout
+    assert result.stdout.rstrip().endswith("evidence intact: 2 document(s) in 1 run(s) match their recorded digests")
+    as_json = revgate("evidence", fingerprint, "--tracking-uri", uri, "--model", "chat-model", "--json")
+    audit = json.loads(as_json.stdout)
+    assert [d["status"] for d in audit["runs"][0]["documents"]] == ["ok", "ok"]
+
+
+def test_an_altered_or_lost_evidence_document_fails_the_audit(tmp_path: Path) -> None:
+    fingerprint = "sha256:" + "8" * 64
+    _, artifacts = promoted_run(tmp_path, fingerprint)
+    edited = artifacts / "evidence" / "artifact-manifest.json"
+    edited.write_bytes(edited.read_bytes().replace(b'"size":3', b'"size":4'))
+    (artifacts / "evidence" / "service-revision.json").unlink()
+    result = revgate("evidence", fingerprint, "--tracking-uri", sqlite_uri(tmp_path / "mlflow.db"))
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert f"mismatch evidence/artifact-manifest.json  expected {manifest().digest}, stored sha256:" in result.stdout
+    assert "missing  evidence/service-revision.json" in result.stdout
+    assert "EVIDENCE ALTERED OR LOST: 2 document(s)" in result.stdout
+
+
+def test_auditing_an_unknown_revision_says_where_it_looked(tmp_path: Path) -> None:
+    promoted_run(tmp_path, "sha256:" + "9" * 64)
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    result = revgate("evidence", "sha256:0000", "--tracking-uri", uri)
+    assert result.returncode == 2
+    assert f"EvidenceNotFound: no promotion run of revision 'sha256:0000' at {uri}" in result.stderr
