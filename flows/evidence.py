@@ -110,6 +110,8 @@ def _shadow_record(pair: PairedRecord, entry: TraceEntry, arrival: float) -> Req
         error=pair.shadow_error,
         output_text=pair.shadow_output,
         reference=entry.reference,
+        prompt_tokens=pair.shadow_prompt_tokens,
+        output_tokens=pair.shadow_output_tokens,
     )
 
 

@@ -26,7 +26,7 @@ from manifests.errors import ManifestInvalid, RevgateError
 from manifests.route import RouteSnapshot, RouteStore
 from serving.router_http import Request, ServerConnection, serve
 from serving.router_metrics import RouterMetrics
-from serving.router_parse import output_text, rewrite_model, usage_of
+from serving.router_parse import Usage, output_text, rewrite_model, usage_of
 from serving.router_records import JsonLinesWriter
 from serving.router_relay import Relay
 from serving.router_split import PinnedRoute, Target, compile_route, retry_order
@@ -512,14 +512,15 @@ class Router:
         except TimeoutError:
             connection.close()
             return ShadowAnswer(None, None, None, time.time() - start, error="timeout")
-        self._record_shadow(job, target, relay, start)
+        usage = usage_of(relay.body(), relay.streamed)
+        self._record_shadow(job, target, relay, start, usage)
         text = output_text(relay.body(), relay.streamed)
         ttft = None if relay.first_s is None else relay.first_s - start
         e2e = None if relay.last_s is None else relay.last_s - start
-        return ShadowAnswer(relay.status or None, text, ttft, e2e, error=str(relay.error or ""))
+        return ShadowAnswer(relay.status or None, text, ttft, e2e, error=str(relay.error or ""),
+                            prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
 
-    def _record_shadow(self, job: MirrorJob, target: Target, relay: Relay, start: float) -> None:
-        usage = usage_of(relay.body(), relay.streamed)
+    def _record_shadow(self, job: MirrorJob, target: Target, relay: Relay, start: float, usage: Usage) -> None:
         self.records.append(RequestRecord(
             request_id=job.request_id, revision=target.fingerprint, arm="shadow", arrival_s=start,
             outcome="error" if relay.error or relay.status != 200 else "ok", route=job.route,

@@ -44,6 +44,8 @@ class ShadowAnswer:
     ttft_s: float | None
     e2e_s: float | None
     error: str = ""
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 @dataclass
@@ -79,6 +81,8 @@ def pair(job: MirrorJob, answer: ShadowAnswer) -> PairedRecord:
         shadow_e2e_s=answer.e2e_s,
         shadow_error=answer.error,
         tenant=job.tenant,
+        shadow_prompt_tokens=answer.prompt_tokens,
+        shadow_output_tokens=answer.output_tokens,
     )
 
 

@@ -27,6 +27,8 @@ class PairedRecord:
     shadow_e2e_s: float | None
     shadow_error: str = ""
     tenant: str = ""
+    shadow_prompt_tokens: int | None = None
+    shadow_output_tokens: int | None = None
 
     def to_json(self) -> str:
         """One JSON line (no trailing newline)."""

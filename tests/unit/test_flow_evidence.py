@@ -48,8 +48,11 @@ def test_shadow_arms_pair_the_same_prompts_and_grade_the_shadow_output() -> None
         request_id="t-1", route="r", generation=2, path="/v1/completions", stable_revision=STABLE,
         shadow_revision=CANDIDATE, stable_status=200, stable_output="2", stable_ttft_s=0.1, stable_e2e_s=0.3,
         shadow_status=200, shadow_output="wrong", shadow_ttft_s=0.2, shadow_e2e_s=0.5,
+        shadow_prompt_tokens=11, shadow_output_tokens=3,
     )
     stable, candidate = shadow_arms(callers, [pair], trace)
+    # The candidate's volume in the report counts the shadow's own tokens.
+    assert (candidate[0].prompt_tokens, candidate[0].output_tokens) == (11, 3)
     assert [r.request_id for r in stable] == ["t-1"] == [r.request_id for r in candidate]  # unmirrored ones left out
     assert candidate[0].revision == CANDIDATE and candidate[0].ttft_s is not None and candidate[0].reference == "2"
     proof = build_evidence(stable, candidate, expected_candidate_share=None, final=False)
