@@ -5,7 +5,6 @@ by pressing the buttons of the Prefect UI itself in a headless Chromium."""
 from __future__ import annotations
 
 import contextvars
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -19,16 +18,12 @@ from manifests.rollout import Approve
 from manifests.route import RevisionTarget, RouteSnapshot
 from registry.ledger import EvidenceLedger, sqlite_uri
 from registry.route_store import open_route_store
+from tests.integration.browser import browser_page
 from tests.integration.test_flow_lock import spec
 
 pytestmark = pytest.mark.servers
 EVIDENCE = "sha256:" + "e" * 64
 REPORT = "| gate | outcome |\n|---|---|\n| quality-sliced | PASS |"
-# Chromium must reach nothing but this machine; the flags are those FACTS.md found to work offline.
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-]
 
 Manager = Callable[[Any, dict[str, Any]], None]
 
@@ -64,11 +59,9 @@ def through_the_ui(ui_url: str, approve: bool, comment: str) -> Manager:
     """A release manager in the Prefect UI: open the paused run, read the report, answer, submit."""
 
     def manager(run_id: Any, seen: dict[str, Any]) -> None:
-        from playwright.sync_api import expect, sync_playwright
+        from playwright.sync_api import expect
 
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        with browser_page() as page:
             page.goto(f"{ui_url}/runs/flow-run/{run_id}")
             page.get_by_role("button", name="Resume").first.click(timeout=90_000)
             form = page.locator(".p-modal")
@@ -82,7 +75,6 @@ def through_the_ui(ui_url: str, approve: bool, comment: str) -> Manager:
             form.get_by_role("button", name="Submit").click()
             expect(form).to_be_hidden(timeout=30_000)
             seen["answered"] = True
-            browser.close()
 
     return manager
 
@@ -137,7 +129,6 @@ def test_the_flow_waits_for_the_release_managers_answer(prefect_api: str, tmp_pa
 
 @pytest.mark.timeout(400)
 def test_a_release_manager_approves_in_the_prefect_ui(prefect_api: str, tmp_path: Path) -> None:
-    assert shutil.which("chromium"), "Chromium is missing: `make setup` installs it (Debian package chromium)"
     manager = through_the_ui(prefect_api.removesuffix("/api"), approve=True, comment="sort/long looks fine")
     result, seen, logged = approval_round(prefect_api, tmp_path, manager)
     assert seen == {"report_shown": True, "digest_shown": EVIDENCE, "answered": True}

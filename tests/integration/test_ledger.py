@@ -12,6 +12,7 @@ import pytest
 from manifests import ArtifactManifest
 from manifests.canonical import sha256_digest
 from registry.ledger import EvidenceLedger, sqlite_uri
+from tests.integration.browser import browser_page
 
 pytestmark = pytest.mark.servers
 
@@ -65,7 +66,8 @@ def promoted_run(tmp_path: Path, fingerprint: str) -> tuple[str, Path]:
     ledger.log_document(run, "artifact-manifest", manifest())
     ledger.log_document(run, "service-revision", manifest())
     ledger.log_step(run, "verify", "pass")
-    ledger.log_json(run, "approval", {"approve": True, "evidence_digest": "sha256:" + "e" * 64, "comment": "ok"})
+    answer = {"approve": True, "evidence_digest": "sha256:" + "e" * 64, "comment": "checked sort/long"}
+    ledger.log_json(run, "approval", answer)
     version = ledger.register_version(run, "chat-model", fingerprint)
     ledger.move_alias("chat-model", "stable", version, by="flow", generation=3)
     ledger.close(run, "promoted")
@@ -107,3 +109,28 @@ def test_auditing_an_unknown_revision_says_where_it_looked(tmp_path: Path) -> No
     result = revgate("evidence", "sha256:0000", "--tracking-uri", uri)
     assert result.returncode == 2
     assert f"EvidenceNotFound: no promotion run of revision 'sha256:0000' at {uri}" in result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_an_auditor_follows_a_model_version_to_its_evidence_in_the_mlflow_ui(tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    from flows.processes import service
+    from serving.engine import free_port
+
+    fingerprint = "sha256:" + "6" * 64
+    promoted_run(tmp_path, fingerprint)
+    port = free_port()
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", sqlite_uri(tmp_path / "mlflow.db"),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    with service(argv, f"http://127.0.0.1:{port}/health", tmp_path / "mlflow-server.log"), browser_page() as page:
+        # The registered version names the revision and links to the run that promoted it.
+        page.goto(f"http://127.0.0.1:{port}/#/models/chat-model/versions/1")
+        expect(page.get_by_text(fingerprint[:20]).first).to_be_visible(timeout=60_000)
+        page.get_by_role("link", name=f"promote {fingerprint[7:19]}").click(timeout=60_000)
+        page.get_by_role("tab", name="Artifacts").click(timeout=60_000)
+        # The run's evidence: the approval with the release manager's comment, readable in place.
+        page.get_by_text("approval.json").click(timeout=60_000)
+        expect(page.get_by_text('"checked sort/long"')).to_be_visible(timeout=60_000)
+        page.get_by_text("artifact-manifest.json").click()
+        expect(page.get_by_text('"config.json"')).to_be_visible(timeout=60_000)
