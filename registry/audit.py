@@ -53,6 +53,7 @@ class RunEvidence:
     steps: tuple[tuple[str, str], ...]
     documents: tuple[DocumentCheck, ...]
     approval: Mapping[str, Any] | None
+    approved_report: str | None = None  # the gate report whose evidence the approval names
 
     @property
     def intact(self) -> bool:
@@ -79,6 +80,21 @@ def check_documents(expected: Mapping[str, str], read: Callable[[str], bytes | N
     return tuple(checks)
 
 
+def report_for(approval: Mapping[str, Any] | None, documents: Mapping[str, bytes]) -> str | None:
+    """The gate report (by document name) whose evidence digest the approval was given for."""
+    if approval is None:
+        return None
+    for name in sorted(documents):
+        if name.startswith("gate-report-"):
+            try:
+                digest = json.loads(documents[name]).get("evidence_digest")
+            except (ValueError, AttributeError):
+                continue
+            if digest and digest == approval.get("evidence_digest"):
+                return name
+    return None
+
+
 def parse_approval(data: bytes | None) -> Mapping[str, Any] | None:
     """The release manager's stored answer, if the run has one."""
     if data is None:
@@ -100,6 +116,8 @@ def render(runs: Sequence[RunEvidence], aliases: Mapping[str, str]) -> str:
             answer = "approved" if run.approval.get("approve") else "rejected"
             comment = run.approval.get("comment") or ""
             lines.append(f"  approval: {answer} for {run.approval.get('evidence_digest', '?')} {comment!r}".rstrip())
+            bound = f"the evidence of {run.approved_report}" if run.approved_report else "NO gate report of this run"
+            lines.append(f"    bound to {bound}")
         for check in run.documents:
             detail = "" if check.status == "ok" else f"  expected {check.expected}, stored {check.actual or 'nothing'}"
             lines.append(f"  {check.status:<8} {check.path}{detail}")
@@ -124,6 +142,7 @@ def audit_json(runs: Sequence[RunEvidence], aliases: Mapping[str, str]) -> dict[
         return {
             "run_id": run.run_id, "route": run.route, "candidate": run.candidate, "decision": run.decision,
             "started_ms": run.started_ms, "steps": dict(run.steps), "approval": run.approval,
+            "approved_report": run.approved_report,
             "documents": documents, "intact": run.intact,
         }
 

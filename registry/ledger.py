@@ -18,7 +18,14 @@ from typing import Any
 
 from manifests.document import Document
 from manifests.errors import RevgateError
-from registry.audit import RunEvidence, check_documents, parse_approval, recorded_digests, recorded_steps
+from registry.audit import (
+    RunEvidence,
+    check_documents,
+    parse_approval,
+    recorded_digests,
+    recorded_steps,
+    report_for,
+)
 
 
 class LedgerUnavailable(RevgateError):
@@ -127,10 +134,16 @@ class EvidenceLedger:
 
     def _run_evidence(self, run: Any) -> RunEvidence:
         tags: dict[str, str] = dict(run.data.tags)
+        stored: dict[str, bytes] = {}
 
         def read(name: str) -> bytes | None:
-            return self.read_artifact(run.info.run_id, f"evidence/{name}.json")
+            data = self.read_artifact(run.info.run_id, f"evidence/{name}.json")
+            if data is not None:
+                stored[name] = data
+            return data
 
+        documents = check_documents(recorded_digests(tags), read)
+        approval = parse_approval(self.read_artifact(run.info.run_id, "evidence/approval.json"))
         return RunEvidence(
             run_id=run.info.run_id,
             route=tags.get("revgate.route", ""),
@@ -138,8 +151,9 @@ class EvidenceLedger:
             decision=tags.get("revgate.decision", ""),
             started_ms=int(run.info.start_time or 0),
             steps=recorded_steps(tags),
-            documents=check_documents(recorded_digests(tags), read),
-            approval=parse_approval(self.read_artifact(run.info.run_id, "evidence/approval.json")),
+            documents=documents,
+            approval=approval,
+            approved_report=report_for(approval, stored),
         )
 
     def read_artifact(self, run_id: str, path: str) -> bytes | None:

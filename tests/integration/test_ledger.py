@@ -82,6 +82,7 @@ def test_an_auditor_traces_a_revision_and_finds_its_evidence_intact(tmp_path: Pa
     assert result.returncode == 0, result.stderr
     assert f"run {run_id}  route chat  decision promoted" in result.stdout
     assert "steps: verify=pass" in result.stdout and "approval: approved for sha256:eeee" in result.stdout
+    assert "bound to NO gate report of this run" in result.stdout  # this run logged none
     assert "ok       evidence/artifact-manifest.json" in result.stdout
     assert "alias stable -> version 1" in result.stdout
     assert result.stdout.rstrip().endswith("evidence intact: 2 document(s) in 1 run(s) match their recorded digests")

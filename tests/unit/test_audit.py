@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from manifests.canonical import sha256_digest
-from registry.audit import RunEvidence, check_documents, recorded_digests, recorded_steps, render
+from registry.audit import RunEvidence, check_documents, recorded_digests, recorded_steps, render, report_for
 
 STORED = {"gate-report-01-step01": b'{"outcome":"pass"}', "artifact-manifest": b'{"entries":[]}'}
 
@@ -37,3 +37,14 @@ def test_an_edited_byte_or_a_lost_document_is_named_with_both_digests() -> None:
     assert f"mismatch evidence/gate-report-01-step01.json  expected {recorded['gate-report-01-step01']}" in text
     assert "missing  evidence/artifact-manifest.json" in text and "stored nothing" in text
     assert text.endswith("EVIDENCE ALTERED OR LOST: 2 document(s); the decisions above are unproven")
+
+
+def test_an_approval_is_tied_to_the_gate_report_whose_evidence_it_names() -> None:
+    reports = {
+        "gate-report-01-step01": b'{"evidence_digest":"sha256:aaa","outcome":"pass"}',
+        "gate-report-02-step04": b'{"evidence_digest":"sha256:bbb","outcome":"pass"}',
+        "plan": b'{"evidence_digest":"sha256:bbb"}',
+    }
+    assert report_for({"approve": True, "evidence_digest": "sha256:bbb"}, reports) == "gate-report-02-step04"
+    assert report_for({"approve": True, "evidence_digest": "sha256:ccc"}, reports) is None
+    assert report_for(None, reports) is None
