@@ -96,16 +96,18 @@ def test_improved_revision_passes_every_slice(zoo_dir: Path, zoo_eval: object) -
 
 
 def slo_policy(stable: tuple[RequestRecord, ...]) -> GatePolicy:
-    """An SLO the stable revision meets in the same window, with room: TPOT and E2E within 1.2x its p90.
+    """An SLO the stable revision meets in the same window, with room: TPOT and E2E within 1.6x its median.
 
     Unloaded at 3 to 8 req/s, slow takes 2.3 to 2.5 times stable's time per token (7.4 to 8.9 ms
-    against 3.2 to 3.6 at the median), so its attainment of this target is far below 70%.
+    against 3.2 to 3.6 at the median), so it rarely attains this target. The median, not a tail
+    quantile: a burst of other work on the host during a few stable blocks moved stable's p90 enough
+    that slow once attained 84% of a target set at 1.2x that p90.
     """
-    tpot = float(np.quantile(metrics.latencies_ms(stable, "tpot"), 0.9))
-    e2e = float(np.quantile(metrics.latencies_ms(stable, "e2e"), 0.9))
+    tpot = float(np.median(metrics.latencies_ms(stable, "tpot")))
+    e2e = float(np.median(metrics.latencies_ms(stable, "e2e")))
     n = len(stable)
     return GatePolicy.build(
-        slo=[{"tpot_ms": math.ceil(1.2 * tpot), "e2e_ms": math.ceil(1.2 * e2e), "attainment": "0.7"}],
+        slo=[{"tpot_ms": math.ceil(1.6 * tpot), "e2e_ms": math.ceil(1.6 * e2e), "attainment": "0.7"}],
         latency_metrics=["tpot"],
         latency_margin="0.25",
         max_samples_per_stage=n,
@@ -124,7 +126,7 @@ def vllm_slow(zoo_dir: Path) -> Iterator[EngineProcess]:
 
 
 def alternating_replay(
-    trace: list[TraceEntry], stable_url: str, candidate_url: str, block: int = 20
+    trace: list[TraceEntry], stable_url: str, candidate_url: str, block: int = 10
 ) -> tuple[tuple[RequestRecord, ...], tuple[RequestRecord, ...]]:
     """Each block of the open-loop trace against one revision, then the other (who goes first alternates)."""
     arms: dict[str, list[RequestRecord]] = {"stable": [], "candidate": []}
