@@ -190,14 +190,21 @@ class Promotion:
         if self.spec.approval == "auto":
             get_run_logger().warning("approval given automatically (spec.approval == 'auto')")
             return ApprovalGiven(True, self.state.evidence_digest, by="auto")
-        form = Approval.with_initial_data(
-            description=f"## {step.prompt}\n\n{markdown}", evidence_digest=self.state.evidence_digest, approve=False
-        )
-        answer = pause_flow_run(wait_for_input=form, timeout=self.spec.approval_timeout_s, poll_interval=2)
-        if answer is None:
-            return ApprovalGiven(False, self.state.evidence_digest, by="timeout")
-        self.ledger.log_json(self.run, "approval", answer.model_dump(mode="json"))
-        return ApprovalGiven(answer.approve, answer.evidence_digest, by="release manager")
+        shown = self.state.evidence_digest
+        prompt = f"## {step.prompt}\n\n{markdown}"
+        while True:
+            form = Approval.with_initial_data(description=prompt, evidence_digest=shown, approve=False)
+            answer = pause_flow_run(wait_for_input=form, timeout=self.spec.approval_timeout_s, poll_interval=2)
+            if answer is None:
+                return ApprovalGiven(False, shown, by="timeout")
+            self.ledger.log_json(self.run, "approval", answer.model_dump(mode="json"))
+            if not answer.approve or answer.evidence_digest == shown:
+                return ApprovalGiven(answer.approve, answer.evidence_digest, by="release manager")
+            # An approval of other evidence (an edited digest, a stale tab) approves nothing: ask again.
+            get_run_logger().warning("approval named evidence %s, not the evidence shown: asking again",
+                                     answer.evidence_digest)
+            prompt = (f"## The last answer approved evidence {answer.evidence_digest}, not this evidence."
+                      f" Answer again.\n\n## {step.prompt}\n\n{markdown}")
 
     def decide_paused(self) -> RolloutState:
         """Inconclusive at the stage's limit: a human may proceed; automatic mode never does."""

@@ -127,6 +127,33 @@ def test_the_flow_waits_for_the_release_managers_answer(prefect_api: str, tmp_pa
     assert "looked at the slices" in logged.read_text()
 
 
+def answers_in_turn(run_id: list[Any], answers: list[dict[str, Any]], seen: dict[str, Any]) -> None:
+    """A release manager who answers each pause in turn (waiting for the next one after each)."""
+    from prefect.flow_runs import resume_flow_run
+
+    for number, answer in enumerate(answers):
+        resume_flow_run(wait_until_paused(run_id), run_input=answer)
+        seen[f"answered {number}"] = True
+
+
+@pytest.mark.timeout(300)
+def test_an_approval_of_other_evidence_approves_nothing_and_the_flow_asks_again(
+    prefect_api: str, tmp_path: Path
+) -> None:
+    stale = {"approve": True, "evidence_digest": "sha256:" + "d" * 64, "comment": "from an old tab"}
+    right = {"approve": True, "evidence_digest": EVIDENCE, "comment": "this report"}
+    run_id: list[Any] = []
+
+    def manager(first_run: Any, seen: dict[str, Any]) -> None:
+        run_id.append(first_run)
+        answers_in_turn(run_id, [stale, right], seen)
+
+    result, seen, logged = approval_round(prefect_api, tmp_path, manager)
+    assert seen == {"answered 0": True, "answered 1": True}
+    assert result == (True, EVIDENCE)
+    assert "this report" in logged.read_text()  # the answer that counted is the one kept
+
+
 @pytest.mark.timeout(400)
 def test_a_release_manager_approves_in_the_prefect_ui(prefect_api: str, tmp_path: Path) -> None:
     manager = through_the_ui(prefect_api.removesuffix("/api"), approve=True, comment="sort/long looks fine")
