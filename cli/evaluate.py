@@ -46,7 +46,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     gate.add_argument("--policy", type=Path, required=True)
     gate.add_argument("--stable", help="stable revision (default: records with arm=stable)")
     gate.add_argument("--candidate", help="candidate revision (default: records with arm=candidate)")
-    gate.add_argument("--grader", choices=("reference-task", "exact", "normalised"), default="reference-task")
+    gate.add_argument(
+        "--grader", choices=("reference-task", "exact", "normalised", "judge"), default="reference-task",
+        help="how answers are scored; judge: ask a model at --judge-url to score them against --rubric",
+    )
+    gate.add_argument("--judge-url", help="base URL ending in /v1 of an OpenAI-compatible judge (with --grader judge)")
+    gate.add_argument("--judge-model", default="judge", help="the judge's served model name")
+    gate.add_argument("--rubric", type=Path, help="text file: what a good answer is (with --grader judge)")
     gate.add_argument("--expected-share", type=float, help="the route's candidate share, for the sample-ratio check")
     gate.add_argument("--final", action="store_true", help="the stage has ended")
     gate.add_argument("--out", type=Path, help="write the gate report (canonical JSON) here")
@@ -149,7 +155,7 @@ def run_gate(args: argparse.Namespace) -> int:
     records = [r for path in args.records for r in ev.read_records(path)]
     stable, candidate = ev.split_arms(records, args.stable, args.candidate)
     evidence = ev.build_evidence(
-        stable, candidate, ev.GRADERS[args.grader], expected_candidate_share=args.expected_share, final=args.final
+        stable, candidate, _grader(args), expected_candidate_share=args.expected_share, final=args.final
     )
     report = judge(gates_from_policy(policy, args.expected_share), policy, evidence)
     print(render_report(report))
@@ -160,6 +166,26 @@ def run_gate(args: argparse.Namespace) -> int:
     if args.plots:
         write_plots(evidence, policy, args.plots)
     return EXIT_BY_OUTCOME[report.outcome]
+
+
+def _grader(args: argparse.Namespace) -> Any:
+    """The grader named on the command line; the judge needs its URL and a readable rubric."""
+    from evaluation import evidence as ev
+    from evaluation import graders
+
+    if args.grader != "judge":
+        return ev.GRADERS[args.grader]
+    if not args.judge_url or args.rubric is None:
+        raise UsageInvalid(
+            "--grader judge needs --judge-url and --rubric", where="revgate gate",
+            fix="Give the judge's /v1 URL and a rubric file.",
+        )
+    try:
+        rubric = args.rubric.read_text(encoding="utf-8")
+    except OSError as error:
+        raise UsageInvalid(f"cannot read the rubric: {error.strerror}", where=str(args.rubric),
+                           fix="Give a rubric text file.") from None
+    return graders.judge_grader(args.judge_url, args.judge_model, rubric)
 
 
 def render_report(report: Any) -> str:

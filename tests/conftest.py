@@ -104,3 +104,20 @@ def vllm_stable(zoo_dir: Path) -> Iterator[Any]:
     with serve(zoo_dir / revisions["stable"].path, ZOO_EXECUTION, "stable", lora_modules=[adapter]) as engine:
         engine.wait_healthy()
         yield engine
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    """A gate policy file: slices by family, 300 samples per stage, a 5-point margin, one TTFT SLO."""
+    from manifests.gates import GatePolicy
+
+    policy = GatePolicy.build(
+        slice_keys=["family"],
+        max_samples_per_stage=300,
+        look_every=50,
+        quality_margin="0.05",
+        slo=[{"ttft_ms": 200, "attainment": "0.9"}],
+    )
+    path = tmp_path / "policy.json"
+    path.write_bytes(policy.canonical())
+    return path

@@ -27,20 +27,6 @@ def write_arms(tmp_path: Path, candidate_quality: dict[str, float], latency_s: f
     return path
 
 
-@pytest.fixture
-def policy_file(tmp_path: Path) -> Path:
-    policy = GatePolicy.build(
-        slice_keys=["family"],
-        max_samples_per_stage=300,
-        look_every=50,
-        quality_margin="0.05",
-        slo=[{"ttft_ms": 200, "attainment": "0.9"}],
-    )
-    path = tmp_path / "policy.json"
-    path.write_bytes(policy.canonical())
-    return path
-
-
 def test_gate_command_fails_a_regressed_slice_and_writes_report_and_plots(
     tmp_path: Path, policy_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
