@@ -192,15 +192,18 @@ class Promotion:
             return ApprovalGiven(True, self.state.evidence_digest, by="auto")
         shown = self.state.evidence_digest
         prompt = f"## {step.prompt}\n\n{markdown}"
+        refused = 0
         while True:
             form = Approval.with_initial_data(description=prompt, evidence_digest=shown, approve=False)
             answer = pause_flow_run(wait_for_input=form, timeout=self.spec.approval_timeout_s, poll_interval=2)
             if answer is None:
                 return ApprovalGiven(False, shown, by="timeout")
-            self.ledger.log_json(self.run, "approval", answer.model_dump(mode="json"))
             if not answer.approve or answer.evidence_digest == shown:
+                self.ledger.log_json(self.run, "approval", answer.model_dump(mode="json"))
                 return ApprovalGiven(answer.approve, answer.evidence_digest, by="release manager")
             # An approval of other evidence (an edited digest, a stale tab) approves nothing: ask again.
+            refused += 1
+            self.ledger.log_json(self.run, f"approval-of-other-evidence-{refused}", answer.model_dump(mode="json"))
             get_run_logger().warning("approval named evidence %s, not the evidence shown: asking again",
                                      answer.evidence_digest)
             prompt = (f"## The last answer approved evidence {answer.evidence_digest}, not this evidence."

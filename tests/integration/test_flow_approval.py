@@ -113,8 +113,8 @@ def approval_round(prefect_api: str, tmp_path: Path, manager: Manager) -> tuple[
     thread.start()
     result = probe()
     thread.join()
-    logged = ledger.client.download_artifacts(run.run_id, "evidence/approval.json", str(tmp_path))
-    return result, seen, Path(logged)
+    evidence = ledger.client.download_artifacts(run.run_id, "evidence", str(tmp_path))
+    return result, seen, Path(evidence) / "approval.json"
 
 
 @pytest.mark.timeout(300)
@@ -151,7 +151,9 @@ def test_an_approval_of_other_evidence_approves_nothing_and_the_flow_asks_again(
     result, seen, logged = approval_round(prefect_api, tmp_path, manager)
     assert seen == {"answered 0": True, "answered 1": True}
     assert result == (True, EVIDENCE)
-    assert "this report" in logged.read_text()  # the answer that counted is the one kept
+    assert "this report" in logged.read_text()  # the answer that counted
+    refused = logged.parent / "approval-of-other-evidence-1.json"  # and, beside it, the one that did not
+    assert "from an old tab" in refused.read_text()
 
 
 @pytest.mark.timeout(400)
