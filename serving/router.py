@@ -486,11 +486,15 @@ class Router:
         if side_effecting(call.request.body, call.route.side_effecting_tools):
             self.metrics.count_event("shadow_skipped_side_effecting", route)
             return
+        # The record already holds the text when outputs are recorded: no second join and parse.
+        stable_output = record["output_text"]
+        if stable_output is None:
+            stable_output = output_text(relay.body(), relay.streamed)
         job = MirrorJob(
             request_id=call.request_id, route=route, generation=call.route.snapshot.generation,
             path=call.path.decode(), body=call.request.body, target=shadow, stable_revision=call.target.fingerprint,
             shadow_revision=shadow.fingerprint, stable_status=relay.status,
-            stable_output=output_text(relay.body(), relay.streamed), stable_ttft_s=_ttft_s(record),
+            stable_output=stable_output, stable_ttft_s=_ttft_s(record),
             stable_e2e_s=_e2e_s(record), tenant=call.tenant,
         )
         accepted = self.mirror.offer(job)
@@ -512,9 +516,10 @@ class Router:
         except TimeoutError:
             connection.close()
             return ShadowAnswer(None, None, None, time.time() - start, error="timeout")
-        usage = usage_of(relay.body(), relay.streamed)
+        body = relay.body()  # a stream's parts joined once, for the usage and the text
+        usage = usage_of(body, relay.streamed)
         self._record_shadow(job, target, relay, start, usage)
-        text = output_text(relay.body(), relay.streamed)
+        text = output_text(body, relay.streamed)
         ttft = None if relay.first_s is None else relay.first_s - start
         e2e = None if relay.last_s is None else relay.last_s - start
         return ShadowAnswer(relay.status or None, text, ttft, e2e, error=str(relay.error or ""),
