@@ -19,9 +19,12 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def bucket_ppm(salt: bytes, key: bytes) -> int:
-    """A uniform, deterministic position of ``key`` in [0, 1_000_000) under ``salt``."""
-    digest = hashlib.blake2b(key, digest_size=8, key=salt[:64]).digest()
-    return int.from_bytes(digest, "big") % PPM
+    """A uniform, deterministic position of ``key`` in [0, 1_000_000) under ``salt``.
+
+    The router keys the hash once per snapshot (``_keyed``) and buckets each request with ``_bucket``;
+    this is the same computation in one call.
+    """
+    return _bucket(_keyed(salt), key)
 
 
 def _keyed(salt: bytes) -> Any:
