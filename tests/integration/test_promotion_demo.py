@@ -15,47 +15,41 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from manifests.route import RouteSnapshot
 from registry.route_store import open_route_store
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
 
-def demo(zoo_dir: Path, state: Path, candidate: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def demo(zoo_dir: Path, state: Path, candidate: str, exit_code: int) -> tuple[list[RouteSnapshot], MlflowClient]:
+    """Run ``revgate demo`` for ``candidate``; check its exit and decision; the route history and evidence."""
+    result = subprocess.run(
         [sys.executable, "-m", "cli.main", "demo", "--state", str(state), "--zoo", str(zoo_dir),
          "--candidate", candidate],
         capture_output=True, text=True, timeout=1500, check=False,
     )
+    assert result.returncode == exit_code, result.stdout[-3000:] + result.stderr[-3000:]
+    decision = "promoted" if exit_code == 0 else "rolled_back"
+    assert f"decision: {decision}" in result.stdout
+    return open_route_store(str(state / "routes")).history("demo"), MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
 
 
 def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp_path: Path) -> None:
-    state = tmp_path / "demo"
-    result = demo(zoo_dir, state, "improved")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "decision: promoted" in result.stdout
-
-    history = open_route_store(str(state / "routes")).history("demo")
+    history, client = demo(zoo_dir, tmp_path / "demo", "improved", 0)
     first, last = history[0], history[-1]
     assert any(s.shadow is not None for s in history) and any(s.candidate is not None for s in history)
     assert last.stable.fingerprint != first.stable.fingerprint and last.candidate is None
-    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
     alias = client.get_model_version_by_alias("revgate-model", "stable")
     assert alias.tags["revgate.fingerprint"] == last.stable.fingerprint
 
 
 def test_a_slice_regression_is_caught_and_rolled_back(zoo_dir: Path, tmp_path: Path) -> None:
-    state = tmp_path / "demo"
-    result = demo(zoo_dir, state, "slice-regressed")
-    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "decision: rolled_back" in result.stdout
-
-    history = open_route_store(str(state / "routes")).history("demo")
+    history, client = demo(zoo_dir, tmp_path / "demo", "slice-regressed", 3)
     stable = history[0].stable.fingerprint
     assert all(snapshot.stable.fingerprint == stable for snapshot in history)  # stable served throughout
     assert history[-1].candidate is None and history[-1].shadow is None
     assert any(snapshot.shadow is not None for snapshot in history)  # it got as far as the shadow stage
 
-    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("revgate/demo")
     assert experiment is not None
     run = client.search_runs([experiment.experiment_id])[0]
