@@ -190,11 +190,23 @@ def tail_lines(path: Path, count: int = 20) -> str:
     return "\n".join(lines[-count:])
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    # Looked up here, in the parent: find_library runs ldconfig, which must not happen between
+    # fork and exec in a process with threads.
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
 def _stop_with_parent() -> None:
     """In the child before exec: SIGTERM the engine if its parent dies, so a killed run leaves no server."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _LIBC is not None:
+        with contextlib.suppress(AttributeError):
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def session_cpu_seconds(session_id: int) -> float:
