@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from manifests.canonical import sha256_digest
 from manifests.document import Document
 from manifests.errors import RevgateError
 from registry.audit import (
@@ -77,6 +78,8 @@ class EvidenceLedger:
         """Log plain JSON evidence (records summaries, step logs) under ``evidence/NAME.json``."""
         text = json.dumps(data, indent=2, sort_keys=True, default=str)
         self.client.log_text(run.run_id, text, f"evidence/{name}.json")
+        # Tagged like a document, so an audit checks these bytes too (the approval among them).
+        self.client.set_tag(run.run_id, f"revgate.digest.{name}", sha256_digest(text.encode()))
 
     def log_file(self, run: EvidenceRun, path: Path, folder: str = "evidence") -> None:
         """Attach a file (a plot, a records file) to the run."""
@@ -134,16 +137,8 @@ class EvidenceLedger:
 
     def _run_evidence(self, run: Any) -> RunEvidence:
         tags: dict[str, str] = dict(run.data.tags)
-        stored: dict[str, bytes] = {}
-
-        def read(name: str) -> bytes | None:
-            data = self.read_artifact(run.info.run_id, f"evidence/{name}.json")
-            if data is not None:
-                stored[name] = data
-            return data
-
-        documents = check_documents(recorded_digests(tags), read)
-        approval = parse_approval(self.read_artifact(run.info.run_id, "evidence/approval.json"))
+        stored = self.evidence_files(run.info.run_id)
+        approval = parse_approval(stored.get("approval"))
         return RunEvidence(
             run_id=run.info.run_id,
             route=tags.get("revgate.route", ""),
@@ -151,21 +146,21 @@ class EvidenceLedger:
             decision=tags.get("revgate.decision", ""),
             started_ms=int(run.info.start_time or 0),
             steps=recorded_steps(tags),
-            documents=documents,
+            documents=check_documents(recorded_digests(tags), stored.get),
             approval=approval,
             approved_report=report_for(approval, stored),
         )
 
-    def read_artifact(self, run_id: str, path: str) -> bytes | None:
-        """The bytes of one run artifact as stored now, or None when it is not there."""
+    def evidence_files(self, run_id: str) -> dict[str, bytes]:
+        """Every ``evidence/NAME.json`` of a run as stored now, by NAME, in one download."""
         from mlflow.exceptions import MlflowException
 
         with tempfile.TemporaryDirectory(prefix="revgate-audit-") as folder:
             try:
-                local = self.client.download_artifacts(run_id, path, folder)
+                local = Path(self.client.download_artifacts(run_id, "evidence", folder))
             except (MlflowException, OSError):
-                return None
-            return Path(local).read_bytes() if Path(local).is_file() else None
+                return {}
+            return {path.stem: path.read_bytes() for path in local.glob("*.json") if path.is_file()}
 
     def aliases_of(self, model: str, candidate: str) -> dict[str, str]:
         """Alias -> version for the registered model's versions of this revision (empty if none)."""

@@ -85,10 +85,10 @@ def test_an_auditor_traces_a_revision_and_finds_its_evidence_intact(tmp_path: Pa
     assert "bound to NO gate report of this run" in result.stdout  # this run logged none
     assert "ok       evidence/artifact-manifest.json" in result.stdout
     assert "alias stable -> version 1" in result.stdout
-    assert result.stdout.rstrip().endswith("evidence intact: 2 document(s) in 1 run(s) match their recorded digests")
+    assert result.stdout.rstrip().endswith("evidence intact: 3 document(s) in 1 run(s) match their recorded digests")
     as_json = revgate("evidence", fingerprint, "--tracking-uri", uri, "--model", "chat-model", "--json")
     audit = json.loads(as_json.stdout)
-    assert [d["status"] for d in audit["runs"][0]["documents"]] == ["ok", "ok"]
+    assert [d["status"] for d in audit["runs"][0]["documents"]] == ["ok", "ok", "ok"]
 
 
 def test_an_altered_or_lost_evidence_document_fails_the_audit(tmp_path: Path) -> None:
@@ -97,11 +97,14 @@ def test_an_altered_or_lost_evidence_document_fails_the_audit(tmp_path: Path) ->
     edited = artifacts / "evidence" / "artifact-manifest.json"
     edited.write_bytes(edited.read_bytes().replace(b'"size":3', b'"size":4'))
     (artifacts / "evidence" / "service-revision.json").unlink()
+    approval = artifacts / "evidence" / "approval.json"  # a comment changed after the fact
+    approval.write_text(approval.read_text().replace("checked sort/long", "did not look"))
     result = revgate("evidence", fingerprint, "--tracking-uri", sqlite_uri(tmp_path / "mlflow.db"))
     assert result.returncode == 4, result.stdout + result.stderr
     assert f"mismatch evidence/artifact-manifest.json  expected {manifest().digest}, stored sha256:" in result.stdout
     assert "missing  evidence/service-revision.json" in result.stdout
-    assert "EVIDENCE ALTERED OR LOST: 2 document(s)" in result.stdout
+    assert "mismatch evidence/approval.json" in result.stdout
+    assert "EVIDENCE ALTERED OR LOST: 3 document(s)" in result.stdout
 
 
 def test_auditing_an_unknown_revision_says_where_it_looked(tmp_path: Path) -> None:
