@@ -23,11 +23,8 @@ from evaluation import reference_task
 from manifests.artifact import ArtifactManifest
 from registry.build import build_manifest
 from zoo import derive, files, recipe, tokenizer, train
-from zoo.index import INDEX_FILE, ZooError, ZooRevision, folder_lock, load_revisions, read_index
+from zoo.index import INDEX_FILE, ZooRevision, folder_lock, load_revisions, read_index
 from zoo.recipe import RevisionSpec, ZooConfig
-
-# Readers import these from zoo.index; they stay importable from here for existing callers.
-__all__ = ["ZooError", "ZooRevision", "cache_key", "load_revisions", "make_zoo", "read_index"]
 
 MODELS_DIR = "models"
 MANIFESTS_DIR = "manifests"

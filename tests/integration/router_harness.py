@@ -31,7 +31,8 @@ from starlette.routing import Route
 
 from manifests.route import RouteSnapshot
 from registry.route_store import FileRouteStore
-from tests.conftest import ROOT, free_port, wait_for_port
+from serving.engine import free_port
+from tests.conftest import ROOT, wait_for_port
 
 
 def fingerprint(name: str) -> str:

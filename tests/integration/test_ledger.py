@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,13 +12,11 @@ from manifests import ArtifactManifest
 from manifests.canonical import sha256_digest
 from registry.ledger import EvidenceLedger, sqlite_uri
 from tests.integration.browser import browser_page
+from tests.integration.commands import revgate
 
 pytestmark = pytest.mark.servers
 
 
-def revgate(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI as an auditor runs it."""
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, check=False)
 
 
 def manifest() -> ArtifactManifest:

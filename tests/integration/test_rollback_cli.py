@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,15 +12,11 @@ import pytest
 from manifests.route import RevisionTarget, RouteSnapshot
 from manifests.route_change import canary, successor
 from registry.route_store import open_route_store
+from tests.integration.commands import revgate
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
 CANDIDATE = RevisionTarget(fingerprint="sha256:" + "2" * 64, endpoints=("http://127.0.0.1:8002",))
-
-
-def revgate(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command, in a fresh interpreter: nothing of Prefect or MLflow is started."""
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, check=False)
 
 
 def seed_history(url: str) -> list[RouteSnapshot]:

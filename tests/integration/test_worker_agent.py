@@ -31,13 +31,13 @@ from registry.build import build_manifest
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
-from serving.engine import engine_python
+from serving.engine import engine_python, free_port
 from serving.worker_auth import write_token
 from serving.worker_client import WorkerClient, WorkerUnauthorized
 from serving.worker_request import ReplicaRequest
-from tests.conftest import free_port, wait_for_port
+from tests.conftest import wait_for_port
 from tests.integration.signing_material import write_key
-from zoo.build import load_revisions
+from zoo.index import load_revisions
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 TOKEN = "worker-test-token-0123456789abcdef"
