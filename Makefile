@@ -26,7 +26,7 @@ lint: setup
 	$(PY) -m pytest -q tests/unit -m lint
 
 bench: setup
-	command -v nginx >/dev/null && command -v wrk >/dev/null || apt-get install -y -q nginx wrk
+	command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -q nginx wrk; }
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:

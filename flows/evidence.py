@@ -87,8 +87,8 @@ def settled_pairs(
     count, last_change = tail.poll(), time.monotonic()
     while count < expected and time.monotonic() < deadline and time.monotonic() - last_change < quiet_s:
         time.sleep(0.25)
-        if tail.poll() != count:
-            count, last_change = len(tail.pairs), time.monotonic()
+        if (now := tail.poll()) != count:
+            count, last_change = now, time.monotonic()
     return list(tail.pairs)
 
 

@@ -41,6 +41,10 @@ def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp
     assert last.stable.fingerprint != first.stable.fingerprint and last.candidate is None
     alias = client.get_model_version_by_alias("revgate-model", "stable")
     assert alias.tags["revgate.fingerprint"] == last.stable.fingerprint
+    run = client.get_run(alias.run_id)  # the version's source run holds the promotion's evidence
+    assert run.data.tags["revgate.decision"] == "promoted"
+    assert {"revgate.step.verify", "revgate.step.isolated-check"} <= set(run.data.tags)
+    assert sum(key.startswith("revgate.digest.gate-report-") for key in run.data.tags) >= 2  # shadow and canary
 
 
 def test_a_slice_regression_is_caught_and_rolled_back(zoo_dir: Path, tmp_path: Path) -> None:

@@ -72,8 +72,9 @@ def test_lora_starts_as_the_base_model_and_trains_only_the_adapter() -> None:
 
 
 def test_cache_key_follows_the_recipe() -> None:
-    assert cache_key(default_zoo()) == cache_key(default_zoo())
+    assert cache_key(default_zoo()) == cache_key(default_zoo())  # two builds of the same recipe
     assert cache_key(default_zoo()) != cache_key(default_zoo(scale=0.5))
+    assert cache_key(default_zoo()) != cache_key(replace(default_zoo(), init_seed=1))
 
 
 def record(family: str, length: str, output: str, reference: str) -> RequestRecord:
