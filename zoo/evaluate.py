@@ -200,20 +200,19 @@ def _evaluate(
             adapters = [
                 r for r in revisions.values() if r.parent == revision.name and r.kind == "adapter" and r.name in wanted
             ]
-            if revision.kind == "adapter" or (revision.name not in wanted and not adapters):
+            measure = revision.name in wanted or bool(adapters)
+            # The first full model (stable) is served even when not measured: it is the side-by-side
+            # baseline of every TPOT ratio, and stays up while the others are measured.
+            if revision.kind == "adapter" or (reference is not None and not measure):
                 continue
             engine = _engine(zoo_dir, revision, adapters, out)
-            names = [revision.name, *(adapter.name for adapter in adapters)]
-            if reference is None:
-                # The first server (stable) stays up as the side-by-side baseline for the others.
-                keep.enter_context(engine)
+            with contextlib.ExitStack() as this:
+                (keep if reference is None else this).enter_context(engine)
                 engine.wait_healthy()
-                reference = (engine.url, revision.name)
-                reports |= _measure_engine(engine, names, examples, out=out, log=log, reference=reference)
-                continue
-            with engine:
-                engine.wait_healthy()
-                reports |= _measure_engine(engine, names, examples, out=out, log=log, reference=reference)
+                reference = reference or (engine.url, revision.name)
+                if measure:
+                    served = [revision.name, *(adapter.name for adapter in adapters)]
+                    reports |= _measure_engine(engine, served, examples, out=out, log=log, reference=reference)
     write_summary(out / SUMMARY_FILE, reports, per_slice, read_index(zoo_dir)["cache_key"])
     return reports
 
