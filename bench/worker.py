@@ -4,7 +4,7 @@ One command: ``python bench/worker.py [--runs 3] [--model DIR]``. Takes the refe
 ``stable`` from .cache/zoo (or, without a zoo, a fresh model of the same architecture), signs it
 with a fresh EC key and pushes it to a filesystem store, then alternates, ``--runs`` times each:
 
-- **by hand**: ``serving.engine`` starts vLLM on the model folder with the same flags, timed from
+- **by hand**: ``serving.worker.engine`` starts vLLM on the model folder with the same flags, timed from
   the call to the first ``/health`` 200 (what an operator's script would do; nothing is verified
   and nothing warmed);
 - **agent**: the real ``revgate worker`` command; timed from ``POST /v1/replicas`` to the replica
@@ -48,11 +48,11 @@ from registry.build import build_manifest
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
-from serving.engine import EngineProcess, engine_command, engine_env, engine_python, free_port
-from serving.worker_agent import served_model_name
-from serving.worker_auth import write_token
-from serving.worker_client import WorkerClient
-from serving.worker_request import ReplicaRequest
+from serving.worker.engine import EngineProcess, engine_command, engine_env, engine_python, free_port
+from serving.worker.agent import served_model_name
+from serving.worker.auth import write_token
+from serving.worker.client import WorkerClient
+from serving.worker.request import ReplicaRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "worker.json"

@@ -154,7 +154,7 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from serving.router import RouterConfig, check_config, run_router  # data plane only here
+    from serving.router.service import RouterConfig, check_config, run_router  # data plane only here
 
     token = args.admin_token_file.read_text().strip() if args.admin_token_file else None
     config = RouterConfig(route=args.route, records=args.records, paired_records=args.paired_records,

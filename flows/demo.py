@@ -33,8 +33,8 @@ from registry.route_store import open_route_store
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
-from serving.worker_client import WorkerClient
-from serving.worker_request import ReplicaRequest, SignaturePolicySpec
+from serving.worker.client import WorkerClient
+from serving.worker.request import ReplicaRequest, SignaturePolicySpec
 
 ROUTE = "demo"
 EXECUTION = ExecutionConfig(dtype="float32", max_model_len=64, kv_cache_bytes=64 * 2**20, enforce_eager=True)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from manifests.errors import RevgateError
-from serving.engine import free_port
+from serving.worker.engine import free_port
 
 
 class ServiceFailed(RevgateError):

@@ -10,7 +10,7 @@ from manifests.gates import GatePolicy
 from manifests.revision import ExecutionConfig, InterfacePolicy
 from manifests.rollout import RolloutPlan, default_plan
 from manifests.worker import WarmProfile
-from serving.worker_request import SignaturePolicySpec
+from serving.worker.request import SignaturePolicySpec
 
 
 class PromotionSpec(BaseModel):

@@ -19,9 +19,9 @@ from manifests.route import RevisionTarget, RouteSnapshot
 from registry.route_store import open_route_store
 from registry.runtime import engine_runtime
 from registry.store import open_store
-from serving.worker_artifact import ArtifactPreparer
-from serving.worker_client import WorkerClient
-from serving.worker_request import ReplicaRequest
+from serving.worker.artifact import ArtifactPreparer
+from serving.worker.client import WorkerClient
+from serving.worker.request import ReplicaRequest
 
 
 class PromotionRefused(RevgateError):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from serving.engine import free_port
+from serving.worker.engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
@@ -95,7 +95,7 @@ def zoo_eval(zoo_dir: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def vllm_stable(zoo_dir: Path) -> Iterator[Any]:
     """One vLLM server for the whole run: stable, with LoRA on and the adapter loaded as ``adapter``."""
-    from serving.engine import LoraModule, serve
+    from serving.worker.engine import LoraModule, serve
     from zoo.evaluate import ZOO_EXECUTION
     from zoo.index import load_revisions
 

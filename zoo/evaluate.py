@@ -22,7 +22,7 @@ from typing import Any
 from evaluation.records import RequestRecord
 from evaluation.reference_task import MAX_ANSWER_CHARS, Example, accuracy_by_slice, balanced_examples, is_correct
 from manifests.revision import ExecutionConfig
-from serving.engine import EngineProcess, LoraModule, serve
+from serving.worker.engine import EngineProcess, LoraModule, serve
 from zoo.files import json_bytes
 from zoo.index import ZooRevision, folder_lock, load_revisions, read_index
 from zoo.measure import chat_records, latency_records, paired_tpot_ratio, quality_records

@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from manifests.route import RouteSnapshot
 from registry.route_store import FileRouteStore
-from serving.engine import free_port
+from serving.worker.engine import free_port
 from tests.conftest import ROOT, wait_for_port
 
 

@@ -11,7 +11,7 @@ from flows.spec import PromotionSpec
 from manifests.gates import GatePolicy
 from manifests.route import RevisionTarget, RouteSnapshot
 from registry.route_store import open_route_store
-from serving.worker_request import SignaturePolicySpec
+from serving.worker.request import SignaturePolicySpec
 
 pytestmark = pytest.mark.servers
 

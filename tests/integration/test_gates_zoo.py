@@ -27,7 +27,7 @@ from evaluation.records import Arm, RequestRecord
 from evaluation.replay import replay
 from evaluation.traces import TraceEntry, generate_trace
 from manifests.gates import GatePolicy
-from serving.engine import EngineProcess, serve
+from serving.worker.engine import EngineProcess, serve
 from zoo.evaluate import ZOO_EXECUTION
 from zoo.index import load_revisions
 

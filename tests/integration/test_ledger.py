@@ -117,7 +117,7 @@ def test_an_auditor_follows_a_model_version_to_its_evidence_in_the_mlflow_ui(tmp
     from playwright.sync_api import expect
 
     from flows.processes import service
-    from serving.engine import free_port
+    from serving.worker.engine import free_port
 
     fingerprint = "sha256:" + "6" * 64
     promoted_run(tmp_path, fingerprint)

@@ -31,10 +31,10 @@ from registry.build import build_manifest
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
-from serving.engine import engine_python, free_port
-from serving.worker_auth import write_token
-from serving.worker_client import WorkerClient, WorkerUnauthorized
-from serving.worker_request import ReplicaRequest
+from serving.worker.engine import engine_python, free_port
+from serving.worker.auth import write_token
+from serving.worker.client import WorkerClient, WorkerUnauthorized
+from serving.worker.request import ReplicaRequest
 from tests.conftest import wait_for_port
 from tests.integration.signing_material import write_key
 from zoo.index import load_revisions

@@ -20,8 +20,8 @@ from registry.errors import DigestMismatch, IncompatibleArtifact, UntrustedSigne
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
-from serving.worker_artifact import ArtifactPreparer, ArtifactRefused, cache_paths
-from serving.worker_request import ReplicaRequest
+from serving.worker.artifact import ArtifactPreparer, ArtifactRefused, cache_paths
+from serving.worker.request import ReplicaRequest
 from tests.integration.signing_material import write_key
 
 ENGINE_VENV = Path(__file__).resolve().parents[2] / ".venv-engine"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from manifests.revision import ExecutionConfig
-from serving.engine import (
+from serving.worker.engine import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     EngineError,
     EngineProcess,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from serving.router_metrics import RouterMetrics
-from serving.router_parse import output_text, rewrite_model, usage_of
+from serving.router.metrics import RouterMetrics
+from serving.router.parse import output_text, rewrite_model, usage_of
 
 BODY = (b'{"id":"x","choices":[{"index":0,"text":"hello","finish_reason":"stop"}],'
         b'"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}')
@@ -48,7 +48,7 @@ def test_metrics_render_prometheus_text_with_bounded_labels() -> None:
 
 def test_fast_record_lines_equal_the_schema_serialisation() -> None:
     from evaluation.records import RequestRecord
-    from serving.router_records import dataclass_line
+    from serving.router.records import dataclass_line
 
     record = RequestRecord(request_id="r1", revision="sha256:" + "a" * 64, arm="candidate", arrival_s=1.5,
                            outcome="ok", slices={"lang": "en"}, first_token_s=1.6, output_tokens=3,

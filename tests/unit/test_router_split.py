@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from manifests.route import RouteSnapshot
-from serving.router_split import bucket_ppm, compile_route, retry_order
+from serving.router.split import bucket_ppm, compile_route, retry_order
 from shadow.policy import side_effecting
 
 STABLE = "sha256:" + "a" * 64

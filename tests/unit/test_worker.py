@@ -15,20 +15,20 @@ import pytest
 from manifests import ArtifactManifest, ExecutionConfig, InterfacePolicy, ManifestInvalid, RuntimeEnvironment
 from manifests.revision import ServiceRevision
 from manifests.worker import WarmProfile
-from serving.worker_agent import WorkerAgent, served_model_name
-from serving.worker_api import ControlApp
-from serving.worker_auth import TokenFileInvalid, authorized, load_token, write_token
-from serving.worker_drain import Admission
-from serving.worker_proxy import (
+from serving.worker.agent import WorkerAgent, served_model_name
+from serving.worker.api import ControlApp
+from serving.worker.auth import TokenFileInvalid, authorized, load_token, write_token
+from serving.worker.drain import Admission
+from serving.worker.proxy import (
     REVISION_HEADER,
     BadRequest,
     refusal_response,
     tagged_response_head,
     upstream_request,
 )
-from serving.worker_report import capacity_report
-from serving.worker_request import ReplicaRequest
-from serving.worker_state import (
+from serving.worker.report import capacity_report
+from serving.worker.request import ReplicaRequest
+from serving.worker.state import (
     TERMINAL,
     TRANSITIONS,
     Capacity,
@@ -36,7 +36,7 @@ from serving.worker_state import (
     Replica,
     ReplicaState,
 )
-from serving.worker_warm import WarmResult, WarmupFailed, capacity_of, check_results, parse_response, warm_prompt
+from serving.worker.warm import WarmResult, WarmupFailed, capacity_of, check_results, parse_response, warm_prompt
 
 S = ReplicaState
 POLICY = {"kind": "key", "public_key": "/etc/revgate/signer.pub"}

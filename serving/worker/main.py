@@ -7,10 +7,10 @@ from pathlib import Path
 
 import uvicorn
 
-from serving.engine import Device
-from serving.worker_agent import WorkerAgent
-from serving.worker_api import ControlApp
-from serving.worker_auth import load_token
+from serving.worker.engine import Device
+from serving.worker.agent import WorkerAgent
+from serving.worker.api import ControlApp
+from serving.worker.auth import load_token
 
 
 async def serve_worker(

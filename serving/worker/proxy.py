@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 
-from serving.worker_drain import Admission, Refusal
+from serving.worker.drain import Admission, Refusal
 
 REVISION_HEADER = "x-revgate-revision"
 REPLICA_HEADER = "x-revgate-replica"

@@ -2,7 +2,7 @@
 
 One asyncio loop. Blocking steps (fetch, hashing, starting and stopping vLLM) run in threads;
 the control API and the per-replica proxies run on the loop. A replica value is replaced on
-every change (see :mod:`serving.worker_state`), so readers always see a consistent snapshot.
+every change (see :mod:`serving.worker.state`), so readers always see a consistent snapshot.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from manifests.errors import RevgateError
-from serving.engine import (
+from serving.worker.engine import (
     Device,
     EngineError,
     EngineProcess,
@@ -27,13 +27,13 @@ from serving.engine import (
     free_port,
     port_is_open,
 )
-from serving.engine import engine_python as default_engine_python
-from serving.worker_artifact import ArtifactPreparer, PreparedArtifact
-from serving.worker_drain import Admission
-from serving.worker_proxy import ReplicaProxy
-from serving.worker_request import ReplicaRequest
-from serving.worker_state import DrainReport, Failure, Replica, ReplicaState
-from serving.worker_warm import vocab_size, warm_up
+from serving.worker.engine import engine_python as default_engine_python
+from serving.worker.artifact import ArtifactPreparer, PreparedArtifact
+from serving.worker.drain import Admission
+from serving.worker.proxy import ReplicaProxy
+from serving.worker.request import ReplicaRequest
+from serving.worker.state import DrainReport, Failure, Replica, ReplicaState
+from serving.worker.warm import vocab_size, warm_up
 
 LOG = logging.getLogger("revgate.worker")
 LOG_TAIL_LINES = 20

@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from manifests.errors import RevgateError
-from serving.worker_agent import UnknownReplica, WorkerAgent
-from serving.worker_auth import authorized
-from serving.worker_report import capacity_report, replica_view
-from serving.worker_request import ReplicaRequest
-from serving.worker_state import IllegalTransition
+from serving.worker.agent import UnknownReplica, WorkerAgent
+from serving.worker.auth import authorized
+from serving.worker.report import capacity_report, replica_view
+from serving.worker.request import ReplicaRequest
+from serving.worker.state import IllegalTransition
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serving.router_http import LAST_CHUNK, ServerConnection, chunk, response_head
-from serving.router_upstream import UpstreamError
+from serving.router.http import LAST_CHUNK, ServerConnection, chunk, response_head
+from serving.router.upstream import UpstreamError
 
 RETRYABLE_STATUS = frozenset((502, 503, 504))
 

@@ -9,7 +9,7 @@ import urllib.request
 from typing import Any
 
 from manifests.errors import RevgateError
-from serving.worker_request import ReplicaRequest
+from serving.worker.request import ReplicaRequest
 
 
 class WorkerRequestFailed(RevgateError):

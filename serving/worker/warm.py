@@ -16,7 +16,7 @@ from typing import Any
 
 from manifests.errors import RevgateError
 from manifests.worker import WarmProfile
-from serving.worker_state import Capacity
+from serving.worker.state import Capacity
 
 
 class WarmupFailed(RevgateError):

@@ -24,13 +24,13 @@ from typing import Any
 from evaluation.records import Outcome, RequestRecord
 from manifests.errors import ManifestInvalid, RevgateError
 from manifests.route import RouteSnapshot, RouteStore
-from serving.router_http import Request, ServerConnection, serve
-from serving.router_metrics import RouterMetrics
-from serving.router_parse import Usage, output_text, rewrite_model, usage_of
-from serving.router_records import JsonLinesWriter
-from serving.router_relay import Relay
-from serving.router_split import PinnedRoute, Target, compile_route, retry_order
-from serving.router_upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
+from serving.router.http import Request, ServerConnection, serve
+from serving.router.metrics import RouterMetrics
+from serving.router.parse import Usage, output_text, rewrite_model, usage_of
+from serving.router.records import JsonLinesWriter
+from serving.router.relay import Relay
+from serving.router.split import PinnedRoute, Target, compile_route, retry_order
+from serving.router.upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
 from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
 from shadow.policy import side_effecting
 
@@ -103,7 +103,7 @@ RECORD_KEYS = (
     "error", "output_text", "reference",
 )
 if tuple(item.name for item in fields(RequestRecord)) != RECORD_KEYS:  # pragma: no cover - a developer error
-    raise ImportError("serving.router: RequestRecord's fields changed; update Router._record and RECORD_KEYS")
+    raise ImportError("serving.router.service: RequestRecord's fields changed; update Router._record and RECORD_KEYS")
 
 
 def _ttft_s(record: dict[str, Any]) -> float | None:

@@ -23,8 +23,8 @@ from registry.runtime import engine_runtime
 from registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy, Policy
 from registry.store import open_store
 from registry.verify import verify_artifact
-from serving.engine import Device
-from serving.worker_request import ReplicaRequest, SignaturePolicySpec
+from serving.worker.engine import Device
+from serving.worker.request import ReplicaRequest, SignaturePolicySpec
 
 # GPU vLLM's attention kernels take any head size that is a multiple of 8 up to 256, and more
 # quantization kernels than the CPU build.

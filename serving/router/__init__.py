@@ -1,0 +1,1 @@
+"""The router: the OpenAI-compatible proxy every user request passes through."""

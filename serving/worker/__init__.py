@@ -1,0 +1,1 @@
+"""The worker agent: verified vLLM replicas on one host."""
