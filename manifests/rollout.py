@@ -6,11 +6,13 @@ plan. Weights are integers in parts per million, as in route snapshots.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from manifests.document import API_VERSION, Document
+from manifests.gates import Fraction, OpenFraction
 from manifests.route import PPM
 
 
@@ -52,15 +54,51 @@ class Approve(Document):
 RolloutStep = Annotated[Shadow | SetWeight | Bake | Analyze | Approve, Field(discriminator="step")]
 
 
+class PostPromotionCheck(Document):
+    """What the rollback window watches on the promoted revision's live traffic (router records).
+
+    The window rolls back once at least ``min_requests`` were served and either the error rate is
+    above ``max_error_rate`` or fewer than ``attainment`` of the answered requests met the latency
+    targets given (none given: errors only).
+    """
+
+    min_requests: Annotated[int, Field(ge=1)] = 20
+    max_error_rate: Fraction = Decimal("0.05")
+    ttft_ms: Annotated[int, Field(gt=0)] | None = None
+    e2e_ms: Annotated[int, Field(gt=0)] | None = None
+    attainment: OpenFraction = Decimal("0.9")
+
+
 class RolloutPlan(Document):
-    """The ordered steps of a promotion, the candidate lease, and the rollback window."""
+    """The ordered steps of a promotion, the candidate lease and its renewal, the capacity rule,
+    and the rollback window with what it watches."""
 
     kind: Literal["RolloutPlan"] = "RolloutPlan"
     api_version: Literal["revgate/v1"] = API_VERSION
     steps: tuple[RolloutStep, ...] = Field(min_length=1)
     lease_seconds: Annotated[int, Field(ge=10)] = 900
+    # The controller's heartbeat renews candidate and shadow leases this often (default: a third of the lease).
+    lease_renew_seconds: Annotated[int, Field(ge=1)] | None = None
     rollback_window_seconds: Annotated[int, Field(ge=0)] = 3600
+    post_promotion: PostPromotionCheck = PostPromotionCheck()
+    # Capacity rule before every increase of candidate traffic: ready replicas of each revision
+    # >= ceil(demand x share / (per-replica capacity x target_utilisation)).
+    target_utilisation: OpenFraction = Decimal("0.8")
+    # A failed capacity check pauses the rollout this long (re-checking) before it is rolled back.
+    capacity_wait_seconds: Annotated[int, Field(ge=0)] = 300
     on_inconclusive: Literal["pause", "fail"] = "pause"
+
+    @property
+    def renew_every_s(self) -> float:
+        """The heartbeat period: the plan's, else a third of the lease."""
+        return float(self.lease_renew_seconds or max(1, self.lease_seconds // 3))
+
+    @model_validator(mode="after")
+    def _renewal_inside_lease(self) -> RolloutPlan:
+        if self.lease_renew_seconds is not None and self.lease_renew_seconds * 2 > self.lease_seconds:
+            raise ValueError("lease_renew_seconds must be at most half of lease_seconds, so one missed renewal "
+                             "does not drop the candidate")
+        return self
 
     @field_validator("steps")
     @classmethod

@@ -151,3 +151,10 @@ def test_rollback_with_nothing_earlier_says_so() -> None:
         rollback_snapshot([route()], by="ops", now=NOW)
     with pytest.raises(NothingToRollBack, match="no snapshots"):
         rollback_snapshot([], by="ops", now=NOW)
+
+
+def test_plan_renews_leases_inside_the_lease() -> None:
+    assert default_plan().renew_every_s == default_plan().lease_seconds // 3
+    assert RolloutPlan.build(steps=[Bake(seconds=1)], lease_seconds=12, lease_renew_seconds=3).renew_every_s == 3
+    with pytest.raises(ManifestInvalid, match="at most half of lease_seconds"):
+        RolloutPlan.build(steps=[Bake(seconds=1)], lease_seconds=10, lease_renew_seconds=6)
