@@ -309,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.write(route_snapshot(1, upstream, candidate))
         token = secrets.token_hex(16)
         (workdir / "token").write_text(token)
+        (workdir / "token").chmod(0o600)  # the router refuses a token file others can read
         port, admin = free_port(), free_port()
         command = [sys.executable, "-m", "cli.main", "router", "--routes", str(workdir / "routes"), "--route",
                    "bench", "--port", str(port), "--admin-port", str(admin), "--admin-token-file",

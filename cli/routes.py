@@ -69,6 +69,16 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paired-records", type=Path, help="JSON-lines shadow paired records file")
     parser.add_argument("--record-outputs", action="store_true", help="keep output text in request records")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between store polls")
+    limits = parser.add_argument_group("limits of the HTTP front (defaults in docs/router.md)")
+    limits.add_argument("--max-body-bytes", type=int, help="request body cap; over it: 413 (default 16 MiB)")
+    limits.add_argument("--max-header-bytes", type=int, help="request line and headers cap; over it: 431")
+    limits.add_argument("--max-headers", type=int, help="header field count cap; over it: 431")
+    limits.add_argument("--max-url-bytes", type=int, help="request target cap; over it: 414")
+    limits.add_argument("--header-timeout", type=float, help="seconds for a request's head; then 408")
+    limits.add_argument("--body-timeout", type=float, help="seconds for a request's body; then 408")
+    limits.add_argument("--idle-timeout", type=float, help="seconds a kept-alive connection may sit idle")
+    limits.add_argument("--max-pipelined", type=int, help="queued pipelined requests before reading pauses")
+    limits.add_argument("--shadow-queue-bytes", type=int, help="bytes held for the shadow mirror (default 64 MiB)")
 
 
 def _open(args: argparse.Namespace) -> RouteStore:
@@ -154,11 +164,16 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from serving.router.service import RouterConfig, check_config, run_router  # data plane only here
+    from serving.admin_token import load_admin_token  # data plane only here
+    from serving.router.limits import Limits
+    from serving.router.service import RouterConfig, check_config, run_router
 
-    token = args.admin_token_file.read_text().strip() if args.admin_token_file else None
+    token = load_admin_token(args.admin_token_file) if args.admin_token_file else None
+    given = {name: getattr(args, flag) for name, flag in _LIMIT_FLAGS.items() if getattr(args, flag) is not None}
+    shadow_bytes = {"shadow_queue_bytes": args.shadow_queue_bytes} if args.shadow_queue_bytes is not None else {}
     config = RouterConfig(route=args.route, records=args.records, paired_records=args.paired_records,
-                          admin_token=token, poll_interval_s=args.poll_interval, record_outputs=args.record_outputs)
+                          admin_token=token, poll_interval_s=args.poll_interval, record_outputs=args.record_outputs,
+                          limits=Limits(**given), **shadow_bytes)
     check_config(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     admin_port = args.admin_port if args.admin_port is not None else args.port + 1
@@ -166,6 +181,13 @@ def _router(args: argparse.Namespace) -> int:
                            admin_port=admin_port)
     _run_until_signal(coroutine)
     return 0
+
+
+_LIMIT_FLAGS = {  # Limits field: argparse destination
+    "max_body_bytes": "max_body_bytes", "max_header_bytes": "max_header_bytes", "max_headers": "max_headers",
+    "max_url_bytes": "max_url_bytes", "header_timeout_s": "header_timeout", "body_timeout_s": "body_timeout",
+    "idle_timeout_s": "idle_timeout", "max_pipelined": "max_pipelined",
+}
 
 
 def _run_until_signal(coroutine: Any) -> None:

@@ -39,6 +39,7 @@ class RequestRecord:
     error: str = ""
     output_text: str | None = None
     reference: str | None = None
+    caller_request_id: str = ""  # the caller's own x-request-id (request_id is the router's)
 
     @property
     def ttft_s(self) -> float | None:

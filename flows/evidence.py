@@ -7,6 +7,8 @@ the same window (a concurrent baseline), never a before/after comparison.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -18,6 +20,8 @@ from evaluation.records import RequestRecord
 from evaluation.replay import replay
 from evaluation.traces import TraceEntry
 from shadow.records import PairedRecord
+
+OWN_TRAFFIC = re.compile(r"^step\d+-b\d+-")  # request ids of the rollout's replayed evidence (stage_batch)
 
 
 def stage_batch(trace: Sequence[TraceEntry], stage: str, batch: int, size: int) -> list[TraceEntry]:
@@ -71,7 +75,7 @@ class PairedRecordsTail:
         complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
         self.offset += len(complete)
         parsed = (PairedRecord.from_json(line) for line in complete.decode("utf-8").splitlines() if line.strip())
-        self.pairs += [pair for pair in parsed if pair.request_id.startswith(self.prefix)]
+        self.pairs += [pair for pair in parsed if pair.caller_request_id.startswith(self.prefix)]
         return len(self.pairs)
 
 
@@ -95,7 +99,7 @@ def settled_pairs(
 def _shadow_record(pair: PairedRecord, entry: TraceEntry, arrival: float) -> RequestRecord:
     ok = pair.shadow_status == 200 and not pair.shadow_error
     return RequestRecord(
-        request_id=pair.request_id,
+        request_id=pair.caller_request_id,
         revision=pair.shadow_revision,
         arm="candidate",
         arrival_s=arrival,
@@ -124,10 +128,12 @@ def shadow_arms(
     """
     by_id = {entry.request_id: entry for entry in entries}
     caller = {record.request_id: record for record in records}
-    mirrored = [pair for pair in pairs if pair.request_id in caller and pair.request_id in by_id]
-    stable_arm = [replace(caller[pair.request_id], arm="stable") for pair in mirrored]
+    # Joined on the caller's (the replay's) ids: the router names each request with its own id.
+    mirrored = [pair for pair in pairs if pair.caller_request_id in caller and pair.caller_request_id in by_id]
+    stable_arm = [replace(caller[pair.caller_request_id], arm="stable") for pair in mirrored]
     candidate_arm = [
-        _shadow_record(pair, by_id[pair.request_id], caller[pair.request_id].arrival_s) for pair in mirrored
+        _shadow_record(pair, by_id[pair.caller_request_id], caller[pair.caller_request_id].arrival_s)
+        for pair in mirrored
     ]
     return stable_arm, candidate_arm
 
@@ -148,3 +154,48 @@ def build_evidence(
         expected_candidate_share=expected_candidate_share,
         final=final,
     )
+
+
+class RecordsTail:
+    """The router's request-records file, read incrementally (the rollback window looks at it often)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.records: list[RequestRecord] = []
+
+    def poll(self) -> list[RequestRecord]:
+        """Every complete record appended so far."""
+        if self.path.exists():
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offset += len(complete)
+            self.records += [RequestRecord.from_json(line) for line in complete.decode().splitlines() if line.strip()]
+        return self.records
+
+
+def live_arrivals(path: Path, since_s: float, tail_bytes: int = 4 << 20) -> list[float]:
+    """Arrival times of live requests in the router's records since ``since_s``.
+
+    The rollout's own replayed evidence traffic (request ids ``stepNN-bN-...``) is not demand the
+    revisions must carry: it stops when the rollout does.
+    """
+    if not path.exists():
+        return []
+    with path.open("rb") as handle:
+        start = max(0, handle.seek(0, 2) - tail_bytes)
+        handle.seek(start)
+        lines = handle.read().splitlines()
+    if start:
+        lines = lines[1:]  # the first line read is cut
+    arrivals = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line still being written
+        if record.get("arrival_s", 0) >= since_s and not OWN_TRAFFIC.match(str(record.get("request_id", ""))):
+            arrivals.append(float(record["arrival_s"]))
+    return arrivals

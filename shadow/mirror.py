@@ -1,8 +1,8 @@
 """The bounded, fire-and-forget mirror: copies of requests go to a shadow revision off the serving path.
 
-``offer`` never blocks and never fails the caller: when the queue is full the copy is dropped and
-counted. A fixed number of workers send the copies; whatever the shadow answers goes only into a
-paired record.
+``offer`` never blocks and never fails the caller: when the queue is full (in copies or in bytes:
+bodies and stable answers held) the copy is dropped and counted. A fixed number of workers send
+the copies; whatever the shadow answers goes only into a paired record.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ class MirrorJob:
     stable_ttft_s: float | None
     stable_e2e_s: float | None
     tenant: str = ""
+    caller_request_id: str = ""
+
+    @property
+    def size(self) -> int:
+        """The bytes this copy holds while queued: the request body and the stable answer's text."""
+        return len(self.body) + (len(self.stable_output) if self.stable_output else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +89,19 @@ def pair(job: MirrorJob, answer: ShadowAnswer) -> PairedRecord:
         tenant=job.tenant,
         shadow_prompt_tokens=answer.prompt_tokens,
         shadow_output_tokens=answer.output_tokens,
+        caller_request_id=job.caller_request_id,
     )
 
 
 class ShadowMirror:
-    """A bounded queue drained by ``concurrency`` workers."""
+    """A queue bounded in copies and in bytes, drained by ``concurrency`` workers."""
 
-    def __init__(self, send: Send, write: Write, *, capacity: int = 256, concurrency: int = 4) -> None:
+    def __init__(self, send: Send, write: Write, *, capacity: int = 256, capacity_bytes: int = 64 * 1024 * 1024,
+                 concurrency: int = 4) -> None:
         self._send, self._write = send, write
         self._queue: asyncio.Queue[MirrorJob] = asyncio.Queue(maxsize=capacity)
+        self.capacity_bytes = capacity_bytes
+        self.held_bytes = 0  # queued and in-flight copies
         self._concurrency = concurrency
         self._workers: list[asyncio.Task[None]] = []
         self.counters = MirrorCounters()
@@ -103,11 +113,16 @@ class ShadowMirror:
     def offer(self, job: MirrorJob) -> bool:
         """Queue a copy; False (and counted as dropped) when the queue is full."""
         self.counters.offered += 1
+        size = job.size
+        if self.held_bytes + size > self.capacity_bytes:
+            self.counters.dropped += 1
+            return False
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
             self.counters.dropped += 1
             return False
+        self.held_bytes += size
         return True
 
     async def drain(self) -> None:
@@ -130,6 +145,7 @@ class ShadowMirror:
             except Exception as error:  # a shadow failure must never reach serving
                 answer = ShadowAnswer(None, None, None, None, error=f"{type(error).__name__}: {error}")
             finally:
+                self.held_bytes -= job.size
                 self._queue.task_done()
             self.counters.sent += 1
             if answer.error:

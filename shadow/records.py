@@ -29,6 +29,7 @@ class PairedRecord:
     tenant: str = ""
     shadow_prompt_tokens: int | None = None
     shadow_output_tokens: int | None = None
+    caller_request_id: str = ""  # the caller's own x-request-id (request_id is the router's)
 
     def to_json(self) -> str:
         """One JSON line (no trailing newline)."""

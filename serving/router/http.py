@@ -1,16 +1,20 @@
 """The caller-facing HTTP/1.1 server connection, on an asyncio protocol with httptools.
 
-One request at a time per connection (pipelined requests wait their turn). A handler either
-returns a coroutine (run as a task) or takes the request on without one, from callbacks, and
-calls :meth:`ServerConnection.request_done` when it ends: the common proxied exchange needs no
-task. When the caller goes away, the running request's task is cancelled (or its ``on_lost``
-callback runs), which aborts its upstream connection: the disconnect propagates as upstream
-cancellation.
+One request at a time per connection: pipelined requests queue behind it, and reading pauses
+once ``max_pipelined`` wait. A handler either returns a coroutine (run as a task) or takes the
+request on without one, from callbacks, and calls :meth:`ServerConnection.request_done` when it
+ends: the common proxied exchange needs no task. When the caller goes away, the running
+request's task is cancelled (or its ``on_lost`` callback runs), which aborts its upstream
+connection: the disconnect propagates as upstream cancellation.
+
+Input over a limit (see :mod:`serving.router.limits`) is refused as it arrives: the answer
+waits for the request in progress, then it is the connection's last; input after it is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -18,6 +22,10 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import httptools
+
+from serving.router.limits import Limits, Watchdog, refusal_body
+
+log = logging.getLogger("revgate.router")
 
 
 @dataclass(slots=True)
@@ -33,23 +41,32 @@ class Request:
 
 Handler = Callable[["ServerConnection", Request], Coroutine[Any, Any, None] | None]
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
-MAX_BODY = 16 * 1024 * 1024
+# Where a connection is in reading its current request: what the watchdog times.
+IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3
+SERVER_ERROR = b'{"error":{"message":"internal error in the router","type":"internal_error"}}'
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing input that was just refused."""
 
 
 class ServerConnection(asyncio.Protocol):
     """One caller connection."""
 
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
+    def __init__(self, handler: Handler, watchdog: Watchdog) -> None:
+        self.handler, self.watchdog, self.limits = handler, watchdog, watchdog.limits
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
         self.headers: dict[bytes, bytes] = {}
         self.body: list[bytes] = []
         self.size = 0
-        self.pending: deque[Request] = deque()
+        self.head_bytes = 0  # bytes received since the current request's headers began
+        self.phase, self.since = IDLE, 0.0
+        self.pending: deque[Request | bytes] = deque()  # bytes: a refusal, the connection's last answer
         self.task: asyncio.Task[None] | None = None
         self.busy = False  # a request is being served (by a task or by callbacks)
+        self.paused = self.refused = False
         self.on_lost: Callable[[], None] | None = None  # a callback-served request's cancellation
         self.on_pause: Callable[[], None] | None = None
         self.on_resume: Callable[[], None] | None = None
@@ -57,44 +74,103 @@ class ServerConnection(asyncio.Protocol):
         self.close_when_done = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Keep the transport."""
+        """Keep the transport; the watchdog times the connection from now."""
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+        self.since = self.watchdog.now
+        self.watchdog.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser; malformed input gets a 400 and the connection closes."""
+        """Feed the parser; input over a limit or malformed is refused, input after a refusal dropped."""
+        if self.refused:
+            return
+        if self.phase != BODY:
+            if self.phase == IDLE:
+                self.phase, self.since = HEAD, self.watchdog.now
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.respond(400, b'{"error":{"message":"malformed HTTP request"}}', keep_alive=False)
+        except httptools.HttpParserError as error:
+            if not self.refused:  # else a callback refused and stopped the parser
+                self.refuse(400, f"malformed HTTP request: {error}", "malformed_request", "request",
+                            "Send a well-formed HTTP/1.1 request.")
+            return
+        if self.phase == HEAD and self.head_bytes > self.limits.max_header_bytes:
+            self._headers_too_large()
 
     def on_url(self, url: bytes) -> None:
         """httptools callback."""
+        if self.phase == IDLE:  # a pipelined request began in the same read as the previous one ended
+            self.phase, self.since = HEAD, self.watchdog.now
         self.url += url
+        if len(self.url) > self.limits.max_url_bytes:
+            self.refuse(414, f"request target over {self.limits.max_url_bytes} bytes", "uri_too_long",
+                        "request line", "Send a shorter URL; put data in the request body.")
+            raise _Refused
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """httptools callback."""
+        """httptools callback (the byte count is checked per read, in data_received)."""
         self.headers[name.lower()] = value
 
+    def on_headers_complete(self) -> None:
+        """httptools callback: the head's size and count, and a declared body length, against the limits."""
+        limits = self.limits
+        if len(self.headers) > limits.max_headers or (
+            self.head_bytes > limits.max_header_bytes and self._head_size() > limits.max_header_bytes
+        ):
+            self._headers_too_large()
+            raise _Refused
+        length = self.headers.get(b"content-length")
+        if length is not None and len(length) > 6 and length.isdigit() and int(length) > limits.max_body_bytes:
+            self._body_too_large()
+            raise _Refused
+        self.phase, self.since, self.head_bytes = BODY, self.watchdog.now, 0
+
+    def _head_size(self) -> int:
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers.items())
+
     def on_body(self, body: bytes) -> None:
-        """httptools callback; bodies over the limit are refused."""
+        """httptools callback; the cap holds while the body streams in: nothing over it is kept."""
         self.size += len(body)
+        if self.size > self.limits.max_body_bytes:
+            self._body_too_large()
+            raise _Refused
         self.body.append(body)
 
     def on_message_complete(self) -> None:
         """httptools callback: queue the request and start it if the connection is idle."""
+        body = self.body
         request = Request(
             self.parser.get_method().decode(),
             self.url,
             self.headers,
-            b"".join(self.body),
+            body[0] if len(body) == 1 else b"".join(body),
             self.parser.should_keep_alive(),
         )
-        oversized = self.size > MAX_BODY
         self.url, self.headers, self.body, self.size = b"", {}, [], 0
-        if oversized:
-            self.respond(413, b'{"error":{"message":"request body over 16 MiB"}}', keep_alive=False)
-            return
+        self.phase, self.since = IDLE, self.watchdog.now
         self.pending.append(request)
+        if not self.busy:
+            self._next()
+        elif len(self.pending) >= self.limits.max_pipelined and not self.paused and self.transport is not None:
+            self.paused = True  # backpressure: the caller's further requests wait in its socket
+            self.transport.pause_reading()
+
+    def _headers_too_large(self) -> None:
+        limits = self.limits
+        self.refuse(431, f"request headers over {limits.max_header_bytes} bytes or {limits.max_headers} fields",
+                    "headers_too_large", "request headers", "Send fewer or shorter headers.")
+
+    def _body_too_large(self) -> None:
+        self.refuse(413, f"request body over {self.limits.max_body_bytes} bytes", "request_too_large",
+                    "request body", "Send a smaller body (the router's --max-body-bytes).")
+
+    def refuse(self, status: int, what: str, kind: str, where: str, fix: str) -> None:
+        """Answer with a typed error once the request in progress ends; it is the connection's last answer."""
+        if self.refused:
+            return
+        self.refused = True
+        body = refusal_body(what, kind, where, fix)
+        self.pending.append(response_head(status, b"application/json", b"", len(body), False) + body)
         if not self.busy:
             self._next()
 
@@ -102,12 +178,67 @@ class ServerConnection(asyncio.Protocol):
         if not self.pending or self.closed:
             return
         self.busy = True
-        work = self.handler(self, self.pending.popleft())
+        item = self.pending.popleft()
+        if self.paused and len(self.pending) < self.limits.max_pipelined and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        if isinstance(item, bytes):
+            self._last_answer(item)
+            return
+        try:
+            work = self.handler(self, item)
+        except Exception:  # a defect in a handler must not take the connection's parser down with it
+            log.exception("request handler failed")
+            self.respond(500, SERVER_ERROR, keep_alive=False)
+            self.request_done()
+            return
         if work is not None:
             self.continue_in(work)
 
-    def _done(self, _: asyncio.Task[None]) -> None:
+    def _last_answer(self, answer: bytes) -> None:
+        """Write a refusal, half-close, and linger: input is drained, not reset, so the caller reads it."""
+        self.pending.clear()
+        self.phase, self.since = LINGER, self.watchdog.now
+        transport = self.transport
+        if transport is None:
+            return
+        if self.paused:
+            self.paused = False
+            transport.resume_reading()
+        transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:  # pragma: no cover - TCP transports can
+            transport.close()
+
+    def expire(self, now: float) -> None:
+        """Watchdog: close lingering and idle connections, answer 408 to slow heads and bodies."""
+        phase, limits, transport = self.phase, self.limits, self.transport
+        if transport is None:
+            return
+        elapsed = now - self.since
+        if phase == LINGER:
+            if elapsed >= limits.linger_s:
+                transport.close()
+        elif self.busy or self.paused:
+            return  # the request in progress has its own deadline
+        elif phase == IDLE:
+            if elapsed >= limits.idle_timeout_s:
+                transport.close()
+        elif phase == HEAD:
+            if elapsed >= limits.header_timeout_s:
+                self.refuse(408, f"request headers not complete within {limits.header_timeout_s} s",
+                            "request_timeout", "request headers", "Send the whole request head at once.")
+        elif elapsed >= limits.body_timeout_s:
+            self.refuse(408, f"request body not complete within {limits.body_timeout_s} s", "request_timeout",
+                        "request body", "Send the body faster or make it smaller.")
+
+    def _done(self, task: asyncio.Task[None]) -> None:
         self.task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("request task failed", exc_info=task.exception())
+            if self.transport is not None:
+                self.transport.abort()  # the answer may be half-written: it must not look complete
         self.request_done()
 
     def continue_in(self, work: Coroutine[Any, Any, None]) -> None:
@@ -122,11 +253,13 @@ class ServerConnection(asyncio.Protocol):
         if self.close_when_done and self.transport is not None:
             self.transport.close()
             return
+        self.since = self.watchdog.now  # a partly read next request is timed from now
         self._next()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The caller went away: cancel the request in progress (and with it the upstream exchange)."""
         self.closed = True
+        self.watchdog.connections.discard(self)
         self.pending.clear()
         if self.task is not None:
             self.task.cancel()
@@ -182,7 +315,11 @@ def chunk(data: bytes) -> bytes:
 LAST_CHUNK = b"0\r\n\r\n"
 
 
-async def serve(handler: Handler, host: str, port: int) -> asyncio.Server:
-    """Listen on ``host:port``; each connection runs ``handler`` per request."""
+async def serve(handler: Handler, host: str, port: int, limits: Limits) -> tuple[asyncio.Server, Watchdog]:
+    """Listen on ``host:port``; each connection runs ``handler`` per request, within ``limits``."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: ServerConnection(handler), host, port, backlog=2048, reuse_address=True)
+    watchdog = Watchdog(limits)
+    watchdog.start(loop)
+    server = await loop.create_server(lambda: ServerConnection(handler, watchdog), host, port, backlog=2048,
+                                      reuse_address=True)
+    return server, watchdog

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import json
 import logging
-import random
+import os
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, fields
@@ -24,7 +23,9 @@ from typing import Any
 from evaluation.records import Outcome, RequestRecord
 from manifests.errors import ManifestInvalid, RevgateError
 from manifests.route import RouteSnapshot, RouteStore
+from serving.admin_token import authorized
 from serving.router.http import Request, ServerConnection, serve
+from serving.router.limits import MIB, Limits, Watchdog
 from serving.router.metrics import RouterMetrics
 from serving.router.parse import Usage, output_text, rewrite_model, usage_of
 from serving.router.records import JsonLinesWriter
@@ -41,8 +42,7 @@ PROXIED = {
     ("POST", b"/v1/chat/completions"),
     ("GET", b"/v1/models"),
 }
-# Request ids: 96 random bits from a generator seeded by the OS, without a getrandom() call per request.
-_REQUEST_IDS = random.Random()  # noqa: S311 - request ids label and spread traffic, they guard nothing
+MAX_ID_BYTES = 256  # a caller's x-request-id or x-tenant-id
 NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
 
 
@@ -57,7 +57,31 @@ class RouterConfig:
     poll_interval_s: float = 1.0
     record_outputs: bool = False
     shadow_queue: int = 256
+    shadow_queue_bytes: int = 64 * MIB  # request bodies and stable answers held for the mirror, together
     shadow_concurrency: int = 4
+    shadow_connect_timeout_s: float = 2.0
+    limits: Limits = field(default_factory=Limits)  # the HTTP front's caps and timeouts, on the public and admin ports
+
+
+class RequestIds:
+    """Request ids the router makes: 96 bits from the OS's random source, read 4 KiB at a time.
+
+    Unpredictable and unique, so no caller can choose or collide with another request's id (the
+    records and the shadow sample are keyed by it), without a getrandom() call per request.
+    """
+
+    __slots__ = ("offset", "pool")
+
+    def __init__(self) -> None:
+        self.pool, self.offset = b"", 0
+
+    def next(self) -> bytes:
+        """A new id: 24 hex digits."""
+        offset = self.offset
+        if offset + 12 > len(self.pool):
+            self.pool, offset = os.urandom(4092), 0
+        self.offset = offset + 12
+        return self.pool[offset:offset + 12].hex().encode()
 
 
 @dataclass(slots=True)
@@ -70,7 +94,8 @@ class Call:
     target: Target
     path: bytes
     body: bytes
-    request_id: str
+    request_id: str  # the router's
+    caller_request_id: str  # the caller's x-request-id, kept as given (evidence, never a key)
     tenant: str
     slices: dict[str, str]
     arrival_s: float
@@ -100,7 +125,7 @@ def _expire(call: Call, task: asyncio.Task[None]) -> None:
 RECORD_KEYS = (
     "request_id", "revision", "arm", "arrival_s", "outcome", "attempt", "route", "generation", "tenant", "slices",
     "endpoint", "first_token_s", "last_token_s", "prompt_tokens", "output_tokens", "finish_reason", "status_code",
-    "error", "output_text", "reference",
+    "error", "output_text", "reference", "caller_request_id",
 )
 if tuple(item.name for item in fields(RequestRecord)) != RECORD_KEYS:  # pragma: no cover - a developer error
     raise ImportError("serving.router.service: RequestRecord's fields changed; update Router._record and RECORD_KEYS")
@@ -144,6 +169,25 @@ def _outcome(status: int) -> Outcome:
     return "rejected" if status in (429, 503) else "error"
 
 
+def _text(value: bytes) -> str | None:
+    """A caller's id header as text; None when it is not UTF-8 or too long to be an id."""
+    if len(value) > MAX_ID_BYTES:
+        return None
+    if value.isascii():
+        return value.decode("ascii")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _bad_id(name: str) -> bytes:
+    return json.dumps({"error": {
+        "message": f"{name} is not UTF-8 text of at most {MAX_ID_BYTES} bytes", "type": "invalid_request_error",
+        "where": f"header {name}", "fix": f"Send {name} as short UTF-8 text, or leave it out.",
+    }}).encode()
+
+
 def _slices(header: bytes | None) -> dict[str, str]:
     """``x-revgate-slices: lang=en;bucket=short`` into a dict."""
     if not header:
@@ -163,11 +207,14 @@ class Router:
         self.records = JsonLinesWriter(config.records)
         self.paired = JsonLinesWriter(config.paired_records)
         self.mirror = ShadowMirror(
-            self._send_shadow, self.paired.append, capacity=config.shadow_queue, concurrency=config.shadow_concurrency
+            self._send_shadow, self.paired.append, capacity=config.shadow_queue,
+            capacity_bytes=config.shadow_queue_bytes, concurrency=config.shadow_concurrency,
         )
+        self.ids = RequestIds()
         self._round_robin = 0
         self._refresh_lock: asyncio.Lock | None = None
         self._servers: list[asyncio.Server] = []
+        self._watchdogs: list[Watchdog] = []
         self._poller: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop  # set by start(), before the first request
 
@@ -224,6 +271,8 @@ class Router:
         if route is None or (request.method, path) not in PROXIED:
             return self._unrouted(caller, request, path, route)
         call = self._pin(caller, request, route, path)
+        if call is None:
+            return None
         first = self._next_endpoint(call.target)
         connection = self.pool.take(call.target.endpoints[first])
         if connection is None:
@@ -243,18 +292,26 @@ class Router:
         else:
             caller.respond(200, b'{"status":"ok"}', keep_alive=request.keep_alive)
 
-    def _pin(self, caller: ServerConnection, request: Request, route: PinnedRoute, path: bytes) -> Call:
+    def _pin(self, caller: ServerConnection, request: Request, route: PinnedRoute, path: bytes) -> Call | None:
+        """Everything decided at entry; None (answered 400, connection kept) for an unreadable id header."""
         headers = request.headers
         arrival = time.time()
-        request_id = headers.get(b"x-request-id") or b"%024x" % _REQUEST_IDS.getrandbits(96)
-        tenant = headers.get(b"x-tenant-id", b"")
-        key = headers.get(b"x-session-id") or tenant or request_id
+        caller_id = _text(headers.get(b"x-request-id", b""))
+        tenant_raw = headers.get(b"x-tenant-id", b"")
+        tenant = _text(tenant_raw)
+        if caller_id is None or tenant is None:
+            caller.respond(400, _bad_id("x-request-id" if caller_id is None else "x-tenant-id"),
+                           keep_alive=request.keep_alive)
+            caller.request_done()
+            return None
+        request_id = self.ids.next()
+        key = headers.get(b"x-session-id") or tenant_raw or request_id
         target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
         body = request.body
         if target.served_model is not None and body:
             body = rewrite_model(body, target.served_model)
         extra = target.headers + b"x-request-id: " + request_id + b"\r\n"
-        call = Call(caller, request, route, target, path, body, request_id.decode(), tenant.decode(),
+        call = Call(caller, request, route, target, path, body, request_id.decode(), caller_id, tenant,
                     _slices(headers.get(b"x-revgate-slices")), arrival, extra,
                     target.labels)
         call.deadline = self._loop.time() + self._timeout_s(call)
@@ -285,9 +342,7 @@ class Router:
         if not relay.started:  # a retry or a resend on a fresh connection: as a task from here
             call.caller.continue_in(self._serve(call, call.first, relay))
             return
-        self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
-        if relay.error is not None and call.caller.transport is not None:
-            call.caller.transport.abort()  # a truncated stream must not look complete
+        self._answered(call, relay)
         call.caller.request_done()
 
     def _pooled_expired(self, call: Call) -> None:
@@ -298,11 +353,7 @@ class Router:
 
     def _pooled_lost(self, call: Call) -> None:
         self._pooled_end(call)
-        relay = call.relay
-        if relay is not None and relay.started and relay.complete:
-            self._finish(call, _outcome(relay.status), "")  # complete: the caller left afterwards
-        else:
-            self._finish(call, "cancelled", "the caller disconnected")
+        self._abandoned(call)
 
     def _pooled_end(self, call: Call) -> None:
         """Cancel the upstream exchange (the caller left or the deadline passed)."""
@@ -328,11 +379,7 @@ class Router:
                 task.uncancel()
                 self._fail(call, "timeout", 504, "the request's deadline passed")
                 return
-            relay = call.relay
-            if relay is not None and relay.started and relay.complete:
-                self._finish(call, _outcome(relay.status), "")  # complete: the caller left afterwards
-            else:
-                self._finish(call, "cancelled", "the caller disconnected")
+            self._abandoned(call)
             raise
         finally:
             timer.cancel()
@@ -356,9 +403,7 @@ class Router:
             settled = None
             call.relay = relay
             if relay.started:
-                self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
-                if relay.error is not None and call.caller.transport is not None:
-                    call.caller.transport.abort()  # a truncated stream must not look complete
+                self._answered(call, relay)
                 return
             if number < len(plan):
                 reason = str(relay.error) if relay.error else f"upstream status {relay.status}"
@@ -402,6 +447,25 @@ class Router:
         return self._round_robin % len(target.endpoints)
 
     # --- outcomes --------------------------------------------------------------------------
+    # Every request ends in one of three places, whichever path served it (pooled callbacks or the
+    # task): _answered (the upstream's answer reached the caller), _abandoned (the caller left) or
+    # _fail (the router answers an error). Each ends in _finish: the record, the metrics, the shadow.
+    # The response then ends with the connection's request_done (the pooled path calls it; the
+    # task's done-callback does for the task).
+
+    def _answered(self, call: Call, relay: Relay) -> None:
+        """The upstream's response (complete or cut) went to the caller."""
+        self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
+        if relay.error is not None and call.caller.transport is not None:
+            call.caller.transport.abort()  # a truncated stream must not look complete
+
+    def _abandoned(self, call: Call) -> None:
+        """The caller went away (after a complete answer, it still counts as served)."""
+        relay = call.relay
+        if relay is not None and relay.started and relay.complete:
+            self._finish(call, _outcome(relay.status), "")
+        else:
+            self._finish(call, "cancelled", "the caller disconnected")
 
     def _fail(self, call: Call, outcome: Outcome, status: int, message: str) -> None:
         relay = call.relay
@@ -451,6 +515,7 @@ class Router:
             "error": error,
             "output_text": output_text(body, streamed) if self.config.record_outputs and body else None,
             "reference": None,
+            "caller_request_id": call.caller_request_id,
         }
         self.records.append(record)
         self._observe(call, record)
@@ -495,7 +560,7 @@ class Router:
             path=call.path.decode(), body=call.request.body, target=shadow, stable_revision=call.target.fingerprint,
             shadow_revision=shadow.fingerprint, stable_status=relay.status,
             stable_output=stable_output, stable_ttft_s=_ttft_s(record),
-            stable_e2e_s=_e2e_s(record), tenant=call.tenant,
+            stable_e2e_s=_e2e_s(record), tenant=call.tenant, caller_request_id=call.caller_request_id,
         )
         accepted = self.mirror.offer(job)
         self.metrics.count_event("shadow_mirrored" if accepted else "shadow_dropped", route)
@@ -507,7 +572,11 @@ class Router:
         address = target.endpoints[self._next_endpoint(target)]
         start = time.time()
         relay = Relay(None, b"", True, False)
-        connection = await self.pool.connect(address)
+        try:
+            async with asyncio.timeout(self.config.shadow_connect_timeout_s):
+                connection = await self.pool.connect(address)
+        except TimeoutError:
+            return ShadowAnswer(None, None, None, time.time() - start, error="connect timeout")
         mirror_headers = b"X-Request-Id: " + job.request_id.encode() + b"\r\nX-Revgate-Shadow: 1\r\n"
         connection.send(request_bytes("POST", job.path.encode(), address, body, mirror_headers), relay)
         try:
@@ -531,7 +600,7 @@ class Router:
             outcome="error" if relay.error or relay.status != 200 else "ok", route=job.route,
             generation=job.generation, tenant=job.tenant, first_token_s=relay.first_s, last_token_s=relay.last_s,
             prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens, finish_reason=usage.finish_reason,
-            status_code=relay.status or None, error=str(relay.error or ""),
+            status_code=relay.status or None, error=str(relay.error or ""), caller_request_id=job.caller_request_id,
         ))
 
     # --- admin -----------------------------------------------------------------------------
@@ -559,8 +628,7 @@ class Router:
         token = self.config.admin_token
         if not token:
             return False  # no token configured: admin actions are off, never open
-        offered = request.headers.get(b"authorization", b"").removeprefix(b"Bearer ")
-        return hmac.compare_digest(offered, token.encode())
+        return authorized(request.headers.get(b"authorization"), token)
 
     def _generation(self) -> int:
         return 0 if self.route is None else self.route.snapshot.generation
@@ -586,12 +654,18 @@ class Router:
         self.paired.start()
         self.mirror.start()
         self._poller = asyncio.create_task(self._poll())
-        self._servers = [await serve(self.handle, host, port), await serve(self.admin, admin_host, admin_port)]
+        limits = self.config.limits
+        for handler, where, number in ((self.handle, host, port), (self.admin, admin_host, admin_port)):
+            server, watchdog = await serve(handler, where, number, limits)
+            self._servers.append(server)
+            self._watchdogs.append(watchdog)
 
     async def close(self) -> None:
         """Stop listening and flush records."""
         for server in self._servers:
             server.close()
+        for watchdog in self._watchdogs:
+            watchdog.stop()
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -619,3 +693,10 @@ def check_config(config: RouterConfig) -> None:
     """Refuse a configuration that cannot work, before listening."""
     if config.poll_interval_s <= 0:
         raise RevgateError("poll interval must be positive", where="--poll-interval", fix="Give seconds, e.g. 1.0.")
+    for name in fields(Limits):
+        if getattr(config.limits, name.name) <= 0:
+            flag = "--" + name.name.removesuffix("_s").replace("_", "-")
+            raise RevgateError(f"{name.name} must be positive", where=flag, fix="See docs/router.md, limits.")
+    if config.shadow_queue_bytes <= 0:
+        raise RevgateError("the shadow queue's bytes must be positive", where="--shadow-queue-bytes",
+                           fix="Give bytes, e.g. 67108864.")

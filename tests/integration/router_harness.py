@@ -216,6 +216,7 @@ def router_process(
     store.write(first)
     token = secrets.token_hex(16)
     (folder / "token").write_text(token)
+    (folder / "token").chmod(0o600)  # the router refuses a token file others can read
     port, admin_port = free_port(), free_port()
     records, paired = folder / "records.jsonl", folder / "paired.jsonl"
     command = [sys.executable, "-m", "cli.main", "router", "--routes", str(folder / "routes"), "--route", route,

@@ -54,9 +54,20 @@ def complete(router: RouterProcess, **headers: str) -> httpx.Response:
     return httpx.post(f"{router.url}/v1/completions", json=body, headers=headers, timeout=10)
 
 
-def records(router: RouterProcess) -> list[RequestRecord]:
-    time.sleep(0.4)  # records are flushed in batches every 0.2 s
-    return [RequestRecord.from_json(line) for line in router.records_lines()]
+def records(router: RouterProcess, caller_prefix: str, count: int) -> list[RequestRecord]:
+    """The records of the requests the caller named ``caller_prefix...``, once ``count`` are written.
+
+    Records are flushed in batches: poll for them rather than wait a fixed time.
+    """
+    found: list[RequestRecord] = []
+
+    def written() -> bool:
+        found[:] = [record for record in map(RequestRecord.from_json, router.records_lines())
+                    if record.caller_request_id.startswith(caller_prefix)]
+        return len(found) >= count
+
+    wait_until(written, timeout=10)
+    return found
 
 
 def test_official_openai_client_works_through_the_router(router: RouterProcess, farm: UpstreamFarm) -> None:
@@ -119,9 +130,11 @@ def test_canary_assignment_is_sticky_per_session(router: RouterProcess, farm: Up
 def test_expired_candidate_lease_reverts_new_requests_to_stable(router: RouterProcess, farm: UpstreamFarm) -> None:
     router.commit(stable_a(farm), candidate=[farm["b1"]], weight_ppm=1_000_000, lease_s=2)
     assert complete(router).headers["x-revgate-arm"] == "candidate"
-    time.sleep(2.2)  # no new snapshot: the lease alone reverts traffic
-    response = complete(router)
-    assert response.headers["x-revgate-arm"] == "stable" and "b1" not in response.text
+    answers: list[httpx.Response] = []
+    # No new snapshot: the lease alone reverts traffic (polled; the lease is 2 s).
+    wait_until(lambda: answers.append(complete(router)) or answers[-1].headers["x-revgate-arm"] == "stable",
+               timeout=15)
+    assert "b1" not in answers[-1].text and answers[-1].headers["x-revgate-revision"] == fingerprint("a")
 
 
 def test_shadow_never_reaches_the_caller_and_skips_side_effecting_tools(
@@ -137,10 +150,15 @@ def test_shadow_never_reaches_the_caller_and_skips_side_effecting_tools(
     response = httpx.post(f"{router.url}/v1/chat/completions", json=risky, headers={"x-request-id": "never-mirror"})
     assert response.status_code == 200 and "s1" not in response.text
     wait_until(lambda: router.paired.exists() and "mirror-me" in router.paired.read_text())
+    # Upstreams see the router's ids, never the caller's; the records map one to the other.
+    ids = {record.caller_request_id: record.request_id
+           for prefix in ("mirror-me", "never-mirror") for record in records(router, prefix, 1)}
     seen_ids = {request["headers"].get("x-request-id") for request in farm["s1"].seen}
-    assert "mirror-me" in seen_ids and "never-mirror" not in seen_ids
+    assert ids["mirror-me"] in seen_ids and ids["never-mirror"] not in seen_ids
+    assert not seen_ids & {"mirror-me", "never-mirror"}
     pair = next(PairedRecord.from_json(line) for line in router.paired.read_text().splitlines()
                 if "mirror-me" in line)
+    assert (pair.request_id, pair.caller_request_id) == (ids["mirror-me"], "mirror-me")
     assert pair.shadow_output and pair.shadow_output.startswith("s1-0")
     assert pair.stable_output and pair.stable_output.startswith(("a1-0", "a2-0"))
     assert pair.shadow_revision == fingerprint("s") and pair.stable_revision == fingerprint("a")
@@ -175,7 +193,7 @@ def test_retry_before_first_byte_stays_on_the_pinned_revision(router: RouterProc
             assert "a2-0" in response.text
     finally:
         farm["a1"].fail_next = 0
-    attempts = [record for record in records(router) if record.request_id.startswith("retried-")]
+    attempts = records(router, "retried-", 3)  # two requests, one of them tried twice
     retried = [record for record in attempts if record.attempt == 2]
     assert len(retried) == 1
     first = next(record for record in attempts if record.request_id == retried[0].request_id and record.attempt == 1)
@@ -191,7 +209,7 @@ def test_caller_disconnect_cancels_the_upstream_stream(router: RouterProcess, fa
                       headers={"x-request-id": "walked-away"}) as response:
         next(response.iter_raw())
     wait_until(lambda: farm["a1"].cancelled + farm["a2"].cancelled == before + 1)
-    outcome = [record.outcome for record in records(router) if record.request_id == "walked-away"]
+    outcome = [record.outcome for record in records(router, "walked-away", 1)]
     assert outcome == ["cancelled"]
 
 
@@ -237,5 +255,5 @@ def test_deadline_answers_504_and_records_a_timeout(router: RouterProcess, farm:
     response = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10,
                           headers={"x-revgate-timeout-ms": "200", "x-request-id": "too-slow"})
     assert response.status_code == 504 and response.headers["x-revgate-revision"] == fingerprint("a")
-    assert [record.outcome for record in records(router) if record.request_id == "too-slow"] == ["timeout"]
+    assert [record.outcome for record in records(router, "too-slow", 1)] == ["timeout"]
     assert complete(router).status_code == 200  # the router serves on after a timeout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import pytest
 
 from evaluation.records import RequestRecord
 from manifests.route import RouteSnapshot
-from tests.integration.router_harness import RouterProcess, fingerprint, router_process
+from tests.integration.router_harness import RouterProcess, fingerprint, router_process, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -41,8 +40,13 @@ def test_openai_client_through_the_router_to_vllm(engine_router: RouterProcess) 
     chunks = list(stream)
     assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert next(model.id for model in client.models.list()) == "stable"
-    time.sleep(0.4)  # records are flushed in batches
-    records = [RequestRecord.from_json(line) for line in engine_router.records_lines()]
-    served = [record for record in records if record.outcome == "ok" and record.output_tokens]
-    assert len(served) >= 3 and all(record.revision == fingerprint("stable") for record in served)
+    served: list[RequestRecord] = []
+
+    def written() -> bool:  # records are flushed in batches: poll, not a fixed wait
+        records = [RequestRecord.from_json(line) for line in engine_router.records_lines()]
+        served[:] = [record for record in records if record.outcome == "ok" and record.output_tokens]
+        return len(served) >= 3
+
+    wait_until(written, timeout=10)
+    assert all(record.revision == fingerprint("stable") for record in served)
     assert all(record.ttft_s is not None and record.ttft_s > 0 for record in served)

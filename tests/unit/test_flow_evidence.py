@@ -45,7 +45,8 @@ def test_shadow_arms_pair_the_same_prompts_and_grade_the_shadow_output() -> None
     trace = entries(3)
     callers = [record(e.request_id, STABLE, e.reference or "", e.reference or "") for e in trace]
     pair = PairedRecord(
-        request_id="t-1", route="r", generation=2, path="/v1/completions", stable_revision=STABLE,
+        request_id="0f3a9c", caller_request_id="t-1", route="r", generation=2, path="/v1/completions",
+        stable_revision=STABLE,
         shadow_revision=CANDIDATE, stable_status=200, stable_output="2", stable_ttft_s=0.1, stable_e2e_s=0.3,
         shadow_status=200, shadow_output="wrong", shadow_ttft_s=0.2, shadow_e2e_s=0.5,
         shadow_prompt_tokens=11, shadow_output_tokens=3,
@@ -79,7 +80,8 @@ def test_the_report_a_release_manager_reads_names_outcome_volumes_and_gates() ->
 def test_the_pairs_tail_reads_only_new_complete_lines_of_its_stage(tmp_path: Path) -> None:
     def pair(request_id: str) -> str:
         return PairedRecord(
-            request_id=request_id, route="r", generation=2, path="/v1/completions", stable_revision=STABLE,
+            request_id="router-" + request_id, caller_request_id=request_id, route="r", generation=2,
+            path="/v1/completions", stable_revision=STABLE,
             shadow_revision=CANDIDATE, stable_status=200, stable_output="1", stable_ttft_s=0.1, stable_e2e_s=0.2,
             shadow_status=200, shadow_output="1", shadow_ttft_s=0.1, shadow_e2e_s=0.2,
         ).to_json()
@@ -92,4 +94,4 @@ def test_the_pairs_tail_reads_only_new_complete_lines_of_its_stage(tmp_path: Pat
     with path.open("a") as handle:
         handle.write(pair("step01-b0-b")[20:] + "\n")
     assert tail.poll() == 2
-    assert [p.request_id for p in settled_pairs(tail, expected=2)] == ["step01-b0-a", "step01-b0-b"]
+    assert [p.caller_request_id for p in settled_pairs(tail, expected=2)] == ["step01-b0-a", "step01-b0-b"]

@@ -1,0 +1,79 @@
+"""What one caller connection may send, and how long it may take: the front's limits and its watchdog.
+
+Every limit is answered with a typed JSON error (what, where, fix) and the connection closed once
+the answer is written; nothing over a limit is buffered. Timeouts are enforced by one periodic
+timer over all connections (a watchdog), not by a timer per request: the request path only
+stores a phase and the watchdog's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Protocol
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Caps and timeouts of the router's HTTP front (documented in docs/router.md)."""
+
+    max_body_bytes: int = 16 * MIB  # a request body; over it: 413, checked while the body streams in
+    max_header_bytes: int = 64 * 1024  # request line and headers together; over it: 431
+    max_headers: int = 100  # header fields; over it: 431
+    max_url_bytes: int = 8 * 1024  # the request target; over it: 414
+    header_timeout_s: float = 10.0  # first byte of a request to the end of its headers; then 408
+    body_timeout_s: float = 60.0  # end of the headers to the end of the body; then 408
+    idle_timeout_s: float = 60.0  # a kept-alive connection with no request; then closed
+    max_pipelined: int = 4  # requests queued behind the one in progress; then reading pauses
+    linger_s: float = 2.0  # after a refusal: input read and dropped this long, so the answer is not reset
+
+    @property
+    def tick_s(self) -> float:
+        """The watchdog's period: a quarter of the shortest timeout, at most half a second."""
+        return min(0.5, self.header_timeout_s / 4, self.body_timeout_s / 4, self.idle_timeout_s / 4,
+                   self.linger_s / 4)
+
+
+def refusal_body(what: str, kind: str, where: str, fix: str) -> bytes:
+    """An OpenAI-shaped error object that also says where the problem is and how to fix it."""
+    return json.dumps({"error": {"message": what, "type": kind, "where": where, "fix": fix}}).encode()
+
+
+class Watched(Protocol):
+    """A connection the watchdog checks."""
+
+    def expire(self, now: float) -> None:
+        """Time the connection out if its phase has lasted too long."""
+
+
+class Watchdog:
+    """One timer for every connection of a server: a coarse clock and a periodic sweep."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.connections: set[Watched] = set()
+        self.now = 0.0  # loop time at the last tick: what connections stamp their phases with
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start ticking on ``loop``."""
+        self._loop = loop
+        self.now = loop.time()
+        self._handle = loop.call_later(self.limits.tick_s, self._tick)
+
+    def stop(self) -> None:
+        """Stop ticking."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        assert self._loop is not None
+        self.now = now = self._loop.time()
+        for connection in list(self.connections):
+            connection.expire(now)
+        self._handle = self._loop.call_later(self.limits.tick_s, self._tick)
