@@ -11,10 +11,11 @@ Fractions are decimal strings ("0.05"), times are integer milliseconds: no float
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from manifests.canonical import DIGEST
 from manifests.document import API_VERSION, Document
@@ -23,6 +24,11 @@ Outcome = Literal["pass", "fail", "inconclusive"]
 LatencyMetric = Literal["ttft", "tpot", "e2e"]
 Fraction = Annotated[Decimal, Field(ge=0, le=1)]
 OpenFraction = Annotated[Decimal, Field(gt=0, lt=1)]
+GraderKind = Literal[
+    "reference", "json-schema", "regex", "not-refusal", "not-empty", "stop-reason", "length-ratio", "judge-pairwise"
+]
+PromptLength = Literal["short", "medium", "long"]
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
 def _decimal_from_text(value: object) -> object:
@@ -73,6 +79,133 @@ class HardConstraint(Document):
         return self
 
 
+def _no_floats(value: Any, where: str = "json_schema") -> None:
+    # A schema travels inside the canonical policy, which carries no floats.
+    if isinstance(value, float):
+        raise ValueError(f"{where}: a float in a canonical document; write an integer or a decimal string")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _no_floats(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _no_floats(item, f"{where}[{index}]")
+
+
+class PairedGrader(Document):
+    """A label-free (or reference) grader feeding the paired quality gate on the slices it names.
+
+    ``slices`` are slice names as the gate computes them, or ``"*"`` for every slice. Each kind
+    needs its own settings: ``json_schema`` for json-schema, ``pattern`` for regex, ``min_ratio``
+    and ``max_ratio`` (candidate length over stable's on the same prompt) for length-ratio,
+    ``rubric`` for judge-pairwise; ``allowed_finish`` for stop-reason.
+    """
+
+    name: str
+    kind: GraderKind
+    slices: tuple[str, ...] = ("*",)
+    json_schema: dict[str, Any] | None = None
+    pattern: str | None = None
+    min_ratio: Decimal | None = None
+    max_ratio: Decimal | None = None
+    rubric: str | None = None
+    allowed_finish: tuple[str, ...] = ("stop",)
+
+    _ratios = field_validator("min_ratio", "max_ratio", mode="before")(_decimal_from_text)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_without_floats(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        _no_floats(value)
+        return value
+
+    @model_validator(mode="after")
+    def _settings_of_kind(self) -> PairedGrader:
+        if not NAME.match(self.name):
+            raise ValueError("name must be lower-case letters, digits and '-'")
+        needs: dict[str, tuple[str, ...]] = {"json-schema": ("json_schema",), "regex": ("pattern",)}
+        needs |= {"judge-pairwise": ("rubric",), "length-ratio": ("min_ratio", "max_ratio")}
+        missing = [f for f in needs.get(self.kind, ()) if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"a {self.kind} grader needs {', '.join(missing)}")
+        if self.min_ratio is not None and self.max_ratio is not None and not 0 < self.min_ratio <= self.max_ratio:
+            raise ValueError("length ratios need 0 < min_ratio <= max_ratio")
+        if not self.slices:
+            raise ValueError("slices is empty: name slices or '*'")
+        return self
+
+
+class PairedPolicy(Document):
+    """The shadow stage's paired gates: both revisions answered the same request.
+
+    Quality: the mean of (stable score - candidate score) over pairs, per grader and slice, fails
+    when shown above 0 and passes when shown below ``quality_margin``. Latency: the mean of
+    log(candidate / stable) per pair fails when shown above log(1 + ``latency_margin``) and passes
+    when shown below it, so the margin is the slowdown tolerated beyond measurement noise.
+    ``max_pairs_per_stage`` and ``look_every`` plan the looks per slice (the sequential horizon).
+    """
+
+    quality_margin: Fraction = Decimal("0.02")
+    latency_margin: Annotated[Decimal, Field(ge=0)] = Decimal("0.25")
+    latency_metrics: tuple[LatencyMetric, ...] = ("ttft", "e2e")
+    latency_slice_keys: tuple[str, ...] = ()
+    max_pairs_per_stage: Annotated[int, Field(ge=1)] = 2000
+    look_every: Annotated[int, Field(ge=1)] = 100
+    graders: tuple[PairedGrader, ...] = ()  # none: the stage's own reference grading feeds the gate
+
+    _fractions = field_validator("quality_margin", "latency_margin", mode="before")(_decimal_from_text)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PairedPolicy:
+        if self.look_every > self.max_pairs_per_stage:
+            raise ValueError("look_every is larger than max_pairs_per_stage: no look would happen")
+        names = [g.name for g in self.graders]
+        if len(set(names)) != len(names):
+            raise ValueError("two graders share a name")
+        return self
+
+
+class SliceRule(Document):
+    """Requests whose features all match the rule's set fields belong to ``slice`` (first rule wins)."""
+
+    slice: str
+    route: str | None = None
+    tenant: str | None = None
+    request_class: str | None = None
+    task: str | None = None
+    prompt_length: PromptLength | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> SliceRule:
+        if not self.slice or "/" in self.slice:
+            raise ValueError("slice must be a non-empty name without '/'")
+        return self
+
+
+class Slicing(Document):
+    """How live requests map to slices: features (route, tenant, request class, declared task, prompt length).
+
+    The request class and task are read from the request's declared labels under ``class_key`` and
+    ``task_key``; prompt length buckets are short (< ``short_below`` tokens), medium (<
+    ``long_from``) and long. A request no rule matches lands in the ``unmatched`` slice and is
+    reported, never dropped.
+    """
+
+    rules: tuple[SliceRule, ...]
+    class_key: str = "class"
+    task_key: str = "task"
+    short_below: Annotated[int, Field(ge=1)] = 256
+    long_from: Annotated[int, Field(ge=1)] = 2048
+    unmatched: str = "unmatched"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Slicing:
+        if self.short_below > self.long_from:
+            raise ValueError("short_below is larger than long_from")
+        if self.unmatched in {rule.slice for rule in self.rules}:
+            raise ValueError(f"a rule names the reserved slice {self.unmatched!r}")
+        return self
+
+
 class GatePolicy(Document):
     """What a candidate must show in one stage, and how the evidence is tested."""
 
@@ -92,6 +225,8 @@ class GatePolicy(Document):
     look_every: Annotated[int, Field(ge=1)] = 100
     srm_alpha: OpenFraction = Decimal("0.001")
     on_inconclusive: Literal["pause", "fail"] = "pause"
+    paired: PairedPolicy | None = None  # shadow stage: paired gates instead of two-sample ones
+    slicing: Slicing | None = None  # live traffic: slices from request features instead of slice_keys
 
     _fractions = field_validator(
         "alpha", "quality_margin", "error_margin", "latency_margin", "srm_alpha", mode="before"
@@ -106,6 +241,12 @@ class GatePolicy(Document):
         if len(set(self.slice_keys)) != len(self.slice_keys):
             raise ValueError("slice_keys repeats a key")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_sections(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Sections added later are left out while unset, so a policy written before them keeps its digest.
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if not (k in ("paired", "slicing") and v is None)}
 
 
 class SliceResult(Document):
