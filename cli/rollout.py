@@ -1,16 +1,23 @@
 """revgate command-line: ``rollback``, which must work with Prefect and MLflow down.
 
 It reads the route's history from the route store, plans the successor snapshot with
-``rollback.plan`` and commits it with compare-and-swap: one atomic swap, nothing else.
+``rollback.plan``, commits it with compare-and-swap (one atomic swap), then tells the routers it
+knows of to read it now. A router not told (down, unreachable, not listed) picks the change up at
+its next poll of the store; a running rollout notices the foreign write and stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import json
+import os
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+ROUTERS_ENV = "REVGATE_ROUTER_ADMIN_URLS"  # comma-separated admin URLs of the routers to notify
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -23,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--route", default="default", help="route name (default: default)")
     parser.add_argument("--created-by", default="", help="who rolls back (audit trail; default: the OS user)")
     parser.add_argument("--dry-run", action="store_true", help="print the planned snapshot, commit nothing")
+    parser.add_argument("--notify", action="append", default=[], metavar="ADMIN_URL",
+                        help=f"a router's admin URL to tell at once (repeatable; also ${ROUTERS_ENV})")
+    parser.add_argument("--admin-token-file", type=Path, help="file holding the routers' admin bearer token")
     parser.set_defaults(func=run_rollback)
     promote = subparsers.add_parser("promote", help="run the promote_revision Prefect flow for a promotion spec")
     promote.add_argument("spec", type=Path, help="promotion spec (JSON, the flow's parameters)")
@@ -61,4 +71,29 @@ def run_rollback(args: argparse.Namespace) -> int:
         return 0
     store.write(planned)  # compare-and-swap: a concurrent change makes this fail and change nothing
     print(f"committed generation {planned.generation}")
+    token = args.admin_token_file.read_text(encoding="utf-8").strip() if args.admin_token_file else ""
+    for url in routers_to_notify(args.notify):
+        print(f"  router {url}: {notify_router(url, token)}")
     return 0
+
+
+def routers_to_notify(flags: list[str]) -> list[str]:
+    """The routers named on the command line and in the environment, each once."""
+    named = [*flags, *os.environ.get(ROUTERS_ENV, "").split(",")]
+    return list(dict.fromkeys(url.strip().rstrip("/") for url in named if url.strip()))
+
+
+def notify_router(admin_url: str, token: str, timeout_s: float = 5.0) -> str:
+    """Ask one router to re-read the route now; what it answered, or why it will only see it by polling.
+
+    The rollback is committed already: a router that cannot be told is reported, never an error.
+    """
+    request = urllib.request.Request(  # noqa: S310 - the router's admin port
+        f"{admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            answer = json.loads(response.read())
+    except (OSError, ValueError) as error:
+        return f"not told ({error}); it picks the rollback up at its next poll of the store"
+    return f"serving generation {answer.get('generation')} ({answer.get('result')})"

@@ -72,7 +72,7 @@ def demo_plan() -> RolloutPlan:
     return RolloutPlan(steps=(
         Shadow(sample_ppm=1_000_000), Analyze(max_samples=1200), Approve(),
         SetWeight(weight_ppm=500_000), Analyze(max_samples=2400),
-    ), lease_seconds=600)
+    ), lease_seconds=600, rollback_window_seconds=5)
 
 
 def demo_policy() -> GatePolicy:
@@ -146,7 +146,8 @@ def run_demo(
             route_store=routes, signature=policy, execution=EXECUTION, warm=warm,
             gate_policy=demo_policy(), plan=demo_plan(), worker_url=worker_url, worker_token_file=str(token),
             router_url=public_url, router_admin_url=admin_url, router_admin_token_file=str(token),
-            paired_records=str(router_state / "paired.jsonl"), trace=str(trace), batch_size=200,
+            paired_records=str(router_state / "paired.jsonl"), router_records=str(router_state / "records.jsonl"),
+            trace=str(trace), batch_size=200,
             tracking_uri=f"sqlite:///{(root / 'mlflow.db').resolve()}", evidence_root=str(root / "evidence"),
             approval=approval,  # type: ignore[arg-type]
         )

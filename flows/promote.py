@@ -1,14 +1,20 @@
-"""``promote_revision``: pin, verify, load and warm, shadow, approve, canary, promote or roll back.
+"""``promote_revision``: pin, verify, load and warm, shadow, approve, canary, promote, watch, drain.
 
 The flow is a driver around pure parts: the rollout state machine decides, ``promotion.routes``
-plans each route change, the gates judge evidence. The flow does the I/O and records everything
-in MLflow (the audit trail) and as Prefect artifacts (what a release manager sees). Any error
-after traffic moved routes back to stable before it propagates.
+plans each route change, ``promotion.capacity`` checks every increase of candidate traffic,
+``promotion.window`` judges the promoted revision in the rollback window, the gates judge evidence.
+The flow owns its route only from one of its own writes to the next (``flows.route_owner``): any
+other writer ends the rollout, which then never writes the route again. Whatever ends the flow,
+the replicas it started or retired that no router may send to are drained, by replica, and the
+decision recorded is what the route says.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from contextlib import ExitStack
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,13 +32,15 @@ from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry, read_trace
 from flows import evidence, steps
 from flows.report import report_markdown, slice_rows
+from flows.route_owner import Heartbeat, RouteOwner, RouteTakenOver
 from flows.spec import PromotionSpec
 from manifests.errors import RevgateError
 from manifests.gates import GateReport
 from manifests.revision import ServiceRevision
 from manifests.rollout import Analyze, Approve, Bake
-from manifests.route import RevisionTarget
+from manifests.route import PPM, RevisionTarget, RouteSnapshot
 from promotion.machine import (
+    TERMINAL,
     Abort,
     ApprovalGiven,
     GateDecided,
@@ -43,8 +51,13 @@ from promotion.machine import (
     resume,
     start,
 )
-from promotion.routes import desired_route, renew_leases
+from promotion.ownership import Takeover, decision_of, drainable, lease_end
+from promotion.routes import desired_route
+from promotion.window import WindowVerdict, window_verdict
 from registry.ledger import EvidenceLedger, EvidenceRun
+from rollback.plan import revert_to
+
+log = logging.getLogger(__name__)
 
 
 class RolloutInProgress(RevgateError):
@@ -87,14 +100,20 @@ def verify_task(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, flo
 
 @task(name="capacity")
 def capacity_task(spec: PromotionSpec, stable: str) -> dict[str, Any]:
-    """Stable's ready capacity must cover the traffic."""
-    return steps.check_capacity(spec, stable)
+    """Stable's ready capacity must carry the traffic."""
+    return steps.check_stable_capacity(spec, stable)
+
+
+@task(name="start-candidate")
+def start_task(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, Any]:
+    """Ask the worker for the candidate's replica (it verifies again where it loads)."""
+    return steps.start_candidate(spec, revision)
 
 
 @task(name="load-and-warm")
-def load_task(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, Any]:
-    """The candidate's replica, verified again where it loads, warmed and ready."""
-    return steps.load_candidate(spec, revision)
+def load_task(spec: PromotionSpec, replica: dict[str, Any]) -> dict[str, Any]:
+    """The started replica, loaded, warmed and ready."""
+    return steps.wait_ready(spec, replica)
 
 
 @task(name="isolated-check")
@@ -145,35 +164,75 @@ def analyze_task(
 
 
 class Promotion:
-    """The mutable driver of one promotion: its spec, ledger run, candidate target and state."""
+    """The mutable driver of one promotion: its spec, ledger run, candidate target, state and route hold."""
 
-    def __init__(self, spec: PromotionSpec, ledger: EvidenceLedger, run: EvidenceRun, target: RevisionTarget) -> None:
+    def __init__(self, spec: PromotionSpec, ledger: EvidenceLedger, run: EvidenceRun, target: RevisionTarget,
+                 owner: RouteOwner | None = None) -> None:
         self.spec = spec
         self.ledger = ledger
         self.run = run
         self.target = target
         self.state = start(spec.plan)
-        self.stable = steps.current_route(spec).stable.fingerprint
+        self.before = steps.current_route(spec)  # its stable is what the rollback window returns to
+        self.owner = owner or RouteOwner(spec, self.before.generation)
+        self.stable = self.before.stable.fingerprint
         self.reports = 0
+        self.capacity_checks = 0
         self.latest_report = "No gate report yet."
 
+    def wait(self, seconds: float) -> None:
+        """Sleep, cut short (with RouteTakenOver) as soon as another writer takes the route."""
+        if self.owner.lost_event.wait(seconds):
+            self.owner.check()
+
     def apply_route(self) -> None:
-        """Commit the route this state asks for (nothing when it already routes that way)."""
+        """Commit the route this state asks for, fenced on the rollout's own last write.
+
+        Before candidate traffic goes up, the capacity rule must hold; while it does not, the
+        rollout pauses, and rolls back if it does not come back within the plan's wait.
+        """
+        if self._raises_candidate_traffic(self.owner.check()) and not self.ensure_capacity():
+            self.state = advance(self.spec.plan, self.state, Abort("not enough ready capacity to move traffic"))
         now = datetime.now(UTC)
-        current = steps.current_route(self.spec)
-        proposed = desired_route(current, self.state, self.target, lease_seconds=self.spec.plan.lease_seconds,
+
+        def change(current: RouteSnapshot) -> RouteSnapshot | None:
+            return desired_route(current, self.state, self.target, lease_seconds=self.spec.plan.lease_seconds,
                                  by=self.spec.created_by, now=now)
+
+        proposed = self.owner.commit(change)
         if proposed is not None:
-            steps.commit_route(self.spec, proposed)
             self.ledger.log_document(self.run, f"route-generation-{proposed.generation:06d}", proposed)
 
-    def renew(self) -> None:
-        """Extend the candidate and shadow leases (the dead-man switch stays armed)."""
-        current = steps.current_route(self.spec)
-        if current.candidate is not None or current.shadow is not None:
-            renewed = renew_leases(current, lease_seconds=self.spec.plan.lease_seconds, by=self.spec.created_by,
-                                   now=datetime.now(UTC))
-            steps.commit_route(self.spec, renewed)
+    def _raises_candidate_traffic(self, current: RouteSnapshot) -> bool:
+        if self.state.status in TERMINAL:
+            return False
+        routed = max(current.candidate.weight_ppm if current.candidate else 0,
+                     current.shadow.sample_ppm if current.shadow else 0)
+        return max(self.state.weight_ppm, self.state.shadow_ppm) > routed
+
+    def ensure_capacity(self) -> bool:
+        """The capacity rule for the traffic this state asks for; waits (paused) up to the plan's limit."""
+        shares = {self.stable: 1 - self.state.weight_ppm / PPM,
+                  self.target.fingerprint: max(self.state.weight_ppm, self.state.shadow_ppm) / PPM}
+        deadline = time.monotonic() + self.spec.plan.capacity_wait_seconds
+        first = True
+        while True:
+            check = steps.capacity(self.spec, shares)
+            if check.ok or first or time.monotonic() >= deadline:
+                self.capacity_checks += 1
+                self.ledger.log_json(self.run, f"capacity-{self.capacity_checks:02d}",
+                                     {"weight_ppm": self.state.weight_ppm, "shadow_ppm": self.state.shadow_ppm,
+                                      **check.evidence()})
+            if check.ok:
+                return True
+            if time.monotonic() >= deadline:
+                get_run_logger().warning("capacity still short after %d s: %s", self.spec.plan.capacity_wait_seconds,
+                                         check.reason)
+                return False
+            if first:
+                get_run_logger().warning("rollout paused, capacity short: %s", check.reason)
+            first = False
+            self.wait(min(self.spec.plan.renew_every_s, max(0.0, deadline - time.monotonic())))
 
     def publish(self, report: GateReport, stage: str) -> str:
         """Record a gate report in MLflow and as Prefect artifacts; the markdown shown to humans."""
@@ -234,8 +293,7 @@ class Promotion:
             # The form shows the report whose digest the answer is bound to.
             self.state = advance(self.spec.plan, self.state, self.ask_approval(step, self.latest_report))
         elif isinstance(step, Bake):
-            time.sleep(step.seconds)
-            self.renew()
+            self.wait(step.seconds)  # the heartbeat keeps the leases; another writer ends the bake at once
             self.state = advance(self.spec.plan, self.state, StepApplied())
         else:
             self.state = advance(self.spec.plan, self.state, StepApplied())
@@ -243,7 +301,7 @@ class Promotion:
     def run_plan(self) -> RolloutState:
         """Walk the plan to a terminal state, committing each route change as it is asked for."""
         self.apply_route()
-        while self.state.status not in ("promoted", "rolled_back"):
+        while self.state.status not in TERMINAL:
             if self.state.status == "paused":
                 self.state = self.decide_paused()
             else:
@@ -251,58 +309,187 @@ class Promotion:
             self.apply_route()
         return self.state
 
+    def roll_back(self, reason: str) -> None:
+        """Route back to stable (fenced: never on top of another writer's change)."""
+        if self.state.status not in TERMINAL:
+            self.state = advance(self.spec.plan, self.state, Abort(reason))
+            self.apply_route()
 
-def _finish(spec: PromotionSpec, driver: Promotion, old_stable: str) -> None:
-    """Drain whichever revision left the route, after the rollback window for the old stable."""
-    if driver.state.status == "promoted":
-        version = driver.ledger.register_version(driver.run, spec.registered_model, driver.target.fingerprint)
-        generation = steps.current_route(spec).generation
-        driver.ledger.move_alias(spec.registered_model, "stable", version, by=spec.created_by, generation=generation)
-        time.sleep(spec.rollback_window_s)
-        steps.drain(spec, old_stable)
-    else:
-        steps.drain(spec, driver.target.fingerprint)
+    def watch_window(self, promoted_at_s: float) -> WindowVerdict | None:
+        """The rollback window: the old stable stays ready and routable; a failing promoted revision is reverted.
+
+        Runs without the route lock, so an operator's rollback is never blocked; it ends the watch.
+        """
+        plan = self.spec.plan
+        records = evidence.RecordsTail(Path(self.spec.router_records)) if self.spec.router_records else None
+        deadline = time.monotonic() + plan.rollback_window_seconds
+        verdict: WindowVerdict | None = None
+        while (left := deadline - time.monotonic()) > 0:
+            self.wait(min(1.0, left))
+            self.owner.check()
+            if records is None:
+                continue
+            verdict = window_verdict(plan.post_promotion, records.poll(), self.target.fingerprint, promoted_at_s)
+            if verdict.outcome == "fail":
+                get_run_logger().warning("rollback window: %s; reverting to the old stable", verdict.reason)
+                self.revert(f"rollback window: {verdict.reason}")
+                return verdict
+        return verdict
+
+    def revert(self, reason: str) -> None:
+        """After promotion: the old stable alone again, on its endpoints (still ready in the window)."""
+        reverted = self.owner.commit(self._reverted)
+        if reverted is not None:
+            self.ledger.log_document(self.run, f"route-generation-{reverted.generation:06d}", reverted)
+        self.state = replace(self.state, status="rolled_back", reason=reason)
+
+    def _reverted(self, current: RouteSnapshot) -> RouteSnapshot:
+        return revert_to(current, self.before, by=self.spec.created_by, now=datetime.now(UTC))
+
+
+def hold_route_lock(spec: PromotionSpec) -> ExitStack:
+    """Take the route's one-slot lock; RolloutInProgress when another rollout holds it (and only then).
+
+    The lock's lease outlives a killed controller by at most the rollout's lease (Prefect's floor is 60 s).
+    """
+    ensure_route_lock(spec.route)
+    lock = ExitStack()
+    try:
+        lock.enter_context(concurrency(lock_name(spec.route), occupy=1, strict=True, timeout_seconds=5,
+                                       lease_duration=max(60, spec.plan.lease_seconds)))
+    except TimeoutError:  # raised here only by the slot acquisition
+        raise RolloutInProgress(
+            f"route {spec.route!r} already has a rollout in progress", where=lock_name(spec.route),
+            fix="Wait for it to finish or roll it back; one rollout per route at a time.",
+        ) from None
+    return lock
 
 
 @flow(name="promote-revision", log_prints=True)
 def promote_revision(spec: PromotionSpec) -> str:
     """Promote ``spec.candidate_manifest`` on ``spec.route`` or roll it back; returns the decision."""
-    ensure_route_lock(spec.route)
-    try:
-        with concurrency(lock_name(spec.route), occupy=1, strict=True, timeout_seconds=5):
-            return _promote(spec)
-    except TimeoutError:
-        raise RolloutInProgress(
-            f"route {spec.route!r} already has a rollout in progress", where=lock_name(spec.route),
-            fix="Wait for it to finish or roll it back; one rollout per route at a time.",
-        ) from None
+    with hold_route_lock(spec) as lock:
+        return Rollout(spec, lock).run()
 
 
-def _promote(spec: PromotionSpec) -> str:
-    ledger = EvidenceLedger(spec.tracking_uri, Path(spec.evidence_root) / "mlflow-artifacts")
-    revision = pin_task(spec)
-    run = ledger.open_run(spec.route, revision.fingerprint, {"revgate.candidate_name": spec.candidate_name})
-    for name, document in (("service-revision", revision), ("gate-policy", spec.gate_policy), ("plan", spec.plan)):
-        ledger.log_document(run, name, document)
-    decision = "failed"
-    driver: Promotion | None = None
-    try:
+class Rollout:
+    """One run of the flow: its evidence run, the replicas it started or retired, and the cleanup that always runs."""
+
+    def __init__(self, spec: PromotionSpec, lock: ExitStack) -> None:
+        self.spec = spec
+        self.lock = lock
+        self.ledger = EvidenceLedger(spec.tracking_uri, Path(spec.evidence_root) / "mlflow-artifacts")
+        self.driver: Promotion | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.started: dict[str, str] = {}  # replica id -> endpoint: the candidate this rollout started
+        self.retired: dict[str, str] = {}  # the old stable's replicas, once the promotion took them off the route
+        self.candidate = ""
+
+    def run(self) -> str:
+        """Pin and open the evidence run, then everything else; the decision the route shows at the end."""
+        spec = self.spec
+        revision = pin_task(spec)
+        self.candidate = revision.fingerprint
+        run = self.ledger.open_run(spec.route, revision.fingerprint, {"revgate.candidate_name": spec.candidate_name})
+        for name, document in (("service-revision", revision), ("gate-policy", spec.gate_policy), ("plan", spec.plan)):
+            self.ledger.log_document(run, name, document)
+        decision = "failed"
+        try:
+            self._promote(run, revision)
+        except RouteTakenOver as taken:
+            self._record_takeover(run, taken.taken)
+        except BaseException as error:
+            self._stop_traffic(run, f"the promotion flow failed: {type(error).__name__}")
+            raise
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            decision = self._decision()
+            self._cleanup()
+            reason = self.driver.state.reason if self.driver is not None else ""
+            self.ledger.log_json(run, "decision", {"decision": decision, "reason": reason})
+            self.ledger.close(run, decision)
+        return decision
+
+    def _promote(self, run: EvidenceRun, revision: ServiceRevision) -> None:
+        spec, ledger = self.spec, self.ledger
         ledger.log_step(run, "verify", "pass", verify_task(spec, revision))
-        old_stable = steps.current_route(spec).stable.fingerprint
-        capacity_task(spec, old_stable)
-        view = load_task(spec, revision)
+        ledger.log_json(run, "capacity-00", capacity_task(spec, steps.current_route(spec).stable.fingerprint))
+        replica = start_task(spec, revision)
+        self.started[str(replica["replica_id"])] = str(replica.get("endpoint", "")).rstrip("/")
+        view = load_task(spec, replica)
+        self.started[str(view["replica_id"])] = str(view["endpoint"]).rstrip("/")
         ledger.log_step(run, "load", "ready", {k: float(v) for k, v in view.get("timings_s", {}).items()})
         ledger.log_step(run, "isolated-check", "pass", isolated_task(view))
-        driver = Promotion(spec, ledger, run, steps.candidate_target(view, revision))
-        decision = driver.run_plan().status
-        ledger.log_json(run, "decision", {"decision": decision, "reason": driver.state.reason})
-        _finish(spec, driver, old_stable)
-        return decision
-    except BaseException:
-        if driver is not None and driver.state.status != "rolled_back":
-            driver.state = advance(spec.plan, driver.state, Abort("the promotion flow failed"))
-            driver.apply_route()  # traffic back to stable before the error propagates
-            decision = "rolled_back"
-        raise
-    finally:
-        ledger.close(run, decision)
+        driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(view, revision))
+        self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
+                                   period_s=spec.plan.renew_every_s, by=spec.created_by)
+        self.heartbeat.__enter__()
+        if driver.run_plan().status != "promoted":
+            return
+        promoted_at = time.time()
+        self.retired = steps.replicas_serving(spec, driver.before.stable.endpoints)
+        version = ledger.register_version(run, spec.registered_model, driver.target.fingerprint)
+        ledger.move_alias(spec.registered_model, "stable", version, by=spec.created_by,
+                          generation=driver.owner.generation)
+        self.lock.close()  # the window never holds the route against an operator's rollback
+        verdict = driver.watch_window(promoted_at)
+        if verdict is not None:
+            ledger.log_json(run, "rollback-window", verdict.evidence())
+
+    def _record_takeover(self, run: EvidenceRun, taken: Takeover) -> None:
+        """Another writer ended the rollout: say who and where, in the rollout's own evidence run."""
+        get_run_logger().warning("rollout stopped: %s", taken.reason)
+        self.ledger.log_step(run, "route", taken.reason)
+        self.ledger.log_json(run, "aborted", {"writer": taken.writer, "generation": taken.generation,
+                                              "reason": taken.reason})
+        if self.driver is not None:
+            self.driver.state = replace(self.driver.state, reason=taken.reason)
+
+    def _stop_traffic(self, run: EvidenceRun, reason: str) -> None:
+        """An error ends the rollout: candidate traffic back to stable, unless the route is not ours any more."""
+        if self.driver is None:
+            return
+        try:
+            self.driver.roll_back(reason)
+        except RouteTakenOver as taken:
+            self._record_takeover(run, taken.taken)
+        except Exception:  # the original error is the one to report; the leases still run out
+            log.exception("could not route back to stable after the failure")
+
+    def _decision(self) -> str:
+        """What the route says: promoted only while the candidate is its stable revision."""
+        if self.driver is None:
+            return "failed"  # nothing was ever routed
+        try:
+            return decision_of(steps.current_route(self.spec), self.candidate)
+        except Exception:
+            log.exception("route unreadable; the decision is the rollout's own state")
+            return self.driver.state.status if self.driver.state.status in TERMINAL else "failed"
+
+    def _cleanup(self) -> None:
+        """Drain, by replica, what this rollout started or retired that no router may send new requests to.
+
+        A candidate still named under a live lease (another writer kept it) is drained once that lease ends.
+        """
+        replicas = {**self.started, **self.retired}
+        if not replicas:
+            return
+        try:
+            route: RouteSnapshot | None = steps.current_route(self.spec)
+        except Exception:
+            route = None
+        if route is not None and (end := lease_end(route, [url for url in replicas.values() if url])) is not None:
+            wait_s = min((end - datetime.now(UTC)).total_seconds(), float(self.spec.plan.lease_seconds))
+            time.sleep(max(0.0, wait_s) + 1)
+        now = datetime.now(UTC)
+        for replica_id, url in replicas.items():
+            # A replica with no endpoint yet never took traffic.
+            if url and route is not None and not drainable(route, [url], now):
+                continue
+            if route is None and replica_id in self.retired:
+                continue  # route unknown: never drain what may be stable
+            try:
+                steps.drain_replica(self.spec, replica_id)
+            except Exception:
+                log.exception("could not drain replica %s", replica_id)

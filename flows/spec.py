@@ -35,6 +35,8 @@ class PromotionSpec(BaseModel):
     router_admin_url: str
     router_admin_token_file: str
     paired_records: str = Field(description="the router's shadow paired-records file")
+    router_records: str = Field(default="", description="the router's request-records file: observed demand, "
+                                "and the promoted revision's live traffic in the rollback window")
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     batch_size: int = Field(default=200, ge=10, description="requests between two looks of the gates")
     engine_venv: str = ".venv-engine"
@@ -45,5 +47,4 @@ class PromotionSpec(BaseModel):
         default="ui", description="'ui': pause for a release manager; 'auto': approve (demo and tests only)"
     )
     approval_timeout_s: int = Field(default=3600, ge=10)
-    rollback_window_s: int = Field(default=0, ge=0, description="keep the old stable warm this long after promotion")
     created_by: str = "revgate promote_revision"

@@ -12,10 +12,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flows.evidence import live_arrivals
 from flows.spec import PromotionSpec
 from manifests.errors import RevgateError
 from manifests.revision import ServiceRevision
 from manifests.route import RevisionTarget, RouteSnapshot
+from promotion.capacity import CapacityCheck, check_capacity, observed_demand, revisions_from_report
 from registry.route_store import open_route_store
 from registry.runtime import engine_runtime
 from registry.store import open_store
@@ -67,16 +69,29 @@ def worker(spec: PromotionSpec) -> WorkerClient:
     return WorkerClient(spec.worker_url, Path(spec.worker_token_file).read_text(encoding="utf-8").strip())
 
 
-def check_capacity(spec: PromotionSpec, stable: str) -> dict[str, Any]:
-    """Stable must have ready capacity (loading, warming, draining replicas do not count)."""
-    report = worker(spec).capacity()
-    entry = report.get("revisions", {}).get(stable, {})
-    if not entry.get("ready_replicas"):
+def observed_demand_rps(spec: PromotionSpec, window_s: float = 30.0) -> float:
+    """Live requests per second the router saw over the last ``window_s`` (0 when it keeps no records)."""
+    if not spec.router_records:
+        return 0.0
+    now = time.time()
+    return observed_demand(live_arrivals(Path(spec.router_records), now - window_s), now, window_s)
+
+
+def capacity(spec: PromotionSpec, shares: dict[str, float]) -> CapacityCheck:
+    """The capacity rule for ``shares`` (revision -> fraction of traffic) on the worker's ready replicas."""
+    return check_capacity(shares, revisions_from_report(worker(spec).capacity()),
+                          demand_rps=observed_demand_rps(spec), target_utilisation=float(spec.plan.target_utilisation))
+
+
+def check_stable_capacity(spec: PromotionSpec, stable: str) -> dict[str, Any]:
+    """Stable must carry all the traffic before anything is loaded (loading, warming, draining do not count)."""
+    check = capacity(spec, {stable: 1.0})
+    if not check.ok:
         raise PromotionRefused(
-            f"stable revision {stable[:19]} has no ready replica on {spec.worker_url}",
+            f"stable cannot carry the route's traffic on {spec.worker_url}: {check.reason}",
             where="capacity", fix="Restore stable capacity before starting a rollout.",
         )
-    return report
+    return check.evidence()
 
 
 def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: float = 600) -> dict[str, Any]:
@@ -93,9 +108,23 @@ def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: floa
     return view
 
 
-def load_candidate(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, Any]:
-    """The candidate's replica, ready on the spec's worker."""
-    return start_replica(worker(spec), replica_request(spec, revision))
+def start_candidate(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, Any]:
+    """Ask the spec's worker for the candidate's replica; its view in state ``created``."""
+    return worker(spec).start(replica_request(spec, revision))
+
+
+def wait_ready(spec: PromotionSpec, replica: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
+    """The started replica's view once ready, else PromotionRefused with the worker's reason."""
+    client = worker(spec)
+    view = client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s)
+    if view.get("state") != "ready":
+        failure = view.get("failure") or {}
+        reason = f"{failure.get('error', '')} {failure.get('message', '')}".strip()
+        raise PromotionRefused(
+            f"replica {replica['replica_id']} ended {view.get('state')}: {reason}",
+            where=client.url, fix="Read the replica's reason in the worker's log; nothing was routed to it.",
+        )
+    return view
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float = 60) -> tuple[int, bytes]:
@@ -141,12 +170,20 @@ def commit_route(spec: PromotionSpec, snapshot: RouteSnapshot) -> None:
         pass  # the router also polls the store; a missed notify only delays the swap by one poll
 
 
-def drain(spec: PromotionSpec, fingerprint: str, grace_s: float = 30) -> list[str]:
-    """Drain every live replica of ``fingerprint`` on the worker; the ids drained."""
+LIVE = frozenset({"created", "loading", "warming", "ready"})
+
+
+def replicas_serving(spec: PromotionSpec, endpoints: tuple[str, ...]) -> dict[str, str]:
+    """Live replicas on the worker behind ``endpoints``: replica id -> endpoint."""
+    wanted = {url.rstrip("/") for url in endpoints}
+    return {str(r["replica_id"]): str(r["endpoint"]).rstrip("/") for r in worker(spec).replicas()
+            if r.get("state") in LIVE and str(r.get("endpoint", "")).rstrip("/") in wanted}
+
+
+def drain_replica(spec: PromotionSpec, replica_id: str, grace_s: float = 30) -> bool:
+    """Drain one replica by id (a replica already gone is fine); whether a drain was started."""
     client = worker(spec)
-    live = {"created", "loading", "warming", "ready"}
-    replicas = [r for r in client.replicas() if r.get("revision") == fingerprint and r.get("state") in live]
-    ids = [str(r["replica_id"]) for r in replicas]
-    for replica_id in ids:
-        client.drain(replica_id, grace_s)
-    return ids
+    if client.replica(replica_id).get("state") not in LIVE:
+        return False
+    client.drain(replica_id, grace_s)
+    return True

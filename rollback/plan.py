@@ -43,5 +43,11 @@ def rollback_snapshot(history: Sequence[RouteSnapshot], *, by: str, now: datetim
             where=current.route,
             fix="There is nothing earlier to return to; deploy a fixed revision instead.",
         )
+    return revert_to(current, good, by=by, now=now)
+
+
+def revert_to(current: RouteSnapshot, good: RouteSnapshot, *, by: str, now: datetime) -> RouteSnapshot:
+    """The successor of ``current`` that serves ``good``'s stable revision alone, on its endpoints."""
     domains = {url: domain for url, domain in good.failure_domains.items() if url in good.stable.endpoints}
-    return successor(current, by=by, now=now, stable=as_target(good.stable), failure_domains=domains)
+    return successor(current, by=by, now=now, stable=as_target(good.stable), candidate=None, shadow=None,
+                     failure_domains=domains)

@@ -1,0 +1,128 @@
+"""The flow's hold on its route: fenced writes and the lease heartbeat.
+
+Every write goes through :class:`RouteOwner`, which commits only on top of the generation the
+rollout last wrote itself. A write by anyone else ends the ownership for good: the owner refuses
+every later write, and the flow stops. The :class:`Heartbeat` thread renews the candidate's and
+shadow's leases through the same fence for as long as the flow's process lives; when the process
+dies the leases run out and the routers send new requests to stable by themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from flows import steps
+from flows.spec import PromotionSpec
+from manifests.errors import RevgateError
+from manifests.route import RouteConflict, RouteSnapshot
+from promotion.ownership import Takeover, takeover
+from promotion.routes import renew_leases
+
+log = logging.getLogger(__name__)
+
+Change = Callable[[RouteSnapshot], RouteSnapshot | None]
+
+
+class RouteTakenOver(RevgateError):
+    """Another writer committed the route during the rollout; the rollout stops and never writes it again."""
+
+    def __init__(self, taken: Takeover, route: str) -> None:
+        super().__init__(taken.reason, where=f"route {route!r}",
+                         fix="The other writer's change stands; start a new rollout if the candidate should go on.")
+        self.taken = taken
+
+
+class RouteOwner:
+    """The generation this rollout last wrote, and the one door through which it writes."""
+
+    def __init__(self, spec: PromotionSpec, generation: int) -> None:
+        self.spec = spec
+        self.generation = generation
+        self.lost: Takeover | None = None
+        self.lost_event = threading.Event()  # set once another writer took the route
+        self._lock = threading.Lock()  # the heartbeat and the flow write one at a time
+
+    def read(self) -> RouteSnapshot:
+        """The committed route."""
+        return steps.current_route(self.spec)
+
+    def check(self) -> RouteSnapshot:
+        """The committed route, if it is still this rollout's; else RouteTakenOver."""
+        with self._lock:
+            return self._owned()
+
+    def commit(self, change: Change) -> RouteSnapshot | None:
+        """Apply ``change`` to the route this rollout wrote last and commit it with compare-and-swap."""
+        with self._lock:
+            current = self._owned()
+            proposed = change(current)
+            if proposed is None:
+                return None
+            try:
+                steps.commit_route(self.spec, proposed)
+            except RouteConflict:
+                self._owned()  # someone wrote between our read and our write: that raises
+                raise
+            self.generation = proposed.generation
+            return proposed
+
+    def _owned(self) -> RouteSnapshot:
+        if self.lost is not None:
+            raise RouteTakenOver(self.lost, self.spec.route)
+        current = steps.current_route(self.spec)
+        taken = takeover(current, self.generation)
+        if taken is not None:
+            self.lost = taken
+            self.lost_event.set()
+            raise RouteTakenOver(taken, self.spec.route)
+        return current
+
+
+class Heartbeat:
+    """A daemon thread renewing the candidate's and shadow's leases every ``period_s`` through the fence.
+
+    Being a thread of the flow's process, it dies with it: a killed controller stops renewing, and
+    the routers revert to stable within one lease.
+    """
+
+    def __init__(self, owner: RouteOwner, *, lease_seconds: int, period_s: float, by: str) -> None:
+        self.owner, self.lease_seconds, self.period_s, self.by = owner, lease_seconds, period_s, by
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="revgate-lease-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop renewing (the leases then run out unless the route no longer has any)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def _renewed(self, current: RouteSnapshot) -> RouteSnapshot | None:
+        if current.candidate is None and current.shadow is None:
+            return None
+        return renew_leases(current, lease_seconds=self.lease_seconds, by=self.by, now=datetime.now(UTC))
+
+    def beat(self) -> None:
+        """One renewal (nothing to renew when the route has no candidate and no shadow)."""
+        if self.owner.commit(self._renewed) is not None:
+            self.renewals += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.beat()
+            except RouteTakenOver as taken:
+                log.warning("lease heartbeat stops: %s", taken)
+                return
+            except Exception:  # a store or router hiccup: the next beat tries again within the lease
+                log.exception("lease renewal failed; retrying in %.0f s", self.period_s)

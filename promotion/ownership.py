@@ -1,0 +1,66 @@
+"""Who owns the route: a rollout writes only on top of the generation it wrote itself.
+
+A rollout owns its route from the generation it wrote to the next one it writes. Anyone else's
+write (an operator's rollback, ``route set``, another tool) ends the rollout: it never writes the
+route again. Pure functions over snapshots; the flow does the reading and writing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from manifests.route import RouteSnapshot
+
+Decision = Literal["promoted", "rolled_back"]
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """Another writer committed the route after the rollout's last write."""
+
+    writer: str
+    generation: int
+
+    @property
+    def reason(self) -> str:
+        """The sentence recorded in the rollout's evidence."""
+        return f"aborted by {self.writer} at generation {self.generation}"
+
+
+def takeover(current: RouteSnapshot | None, owned_generation: int) -> Takeover | None:
+    """The foreign write that ended the rollout, or None while the route is still at its own generation."""
+    if current is None:
+        return Takeover("(the route was removed)", 0)
+    if current.generation == owned_generation:
+        return None
+    return Takeover(current.created_by, current.generation)
+
+
+def decision_of(route: RouteSnapshot, candidate: str) -> Decision:
+    """What the route says about a rollout: promoted only while the candidate is the stable revision."""
+    return "promoted" if route.stable.fingerprint == candidate else "rolled_back"
+
+
+def routed_endpoints(route: RouteSnapshot, now: datetime) -> frozenset[str]:
+    """Endpoints the routers may send new requests to: stable, and candidate or shadow inside their lease."""
+    routed = set(route.stable.endpoints)
+    for target in (route.candidate, route.shadow):
+        if target is not None and target.lease_expires_at > now:
+            routed.update(target.endpoints)
+    return frozenset(routed)
+
+
+def drainable(route: RouteSnapshot, endpoints: Iterable[str], now: datetime) -> list[str]:
+    """Of the endpoints a rollout started or retired, those no router may send new requests to."""
+    routed = routed_endpoints(route, now)
+    return [url for url in endpoints if url.rstrip("/") not in routed]
+
+
+def lease_end(route: RouteSnapshot, endpoints: Iterable[str]) -> datetime | None:
+    """When the last lease that still names one of ``endpoints`` runs out (None: no lease names them)."""
+    wanted = {url.rstrip("/") for url in endpoints}
+    ends = [t.lease_expires_at for t in (route.candidate, route.shadow) if t is not None and wanted & set(t.endpoints)]
+    return max(ends, default=None)

@@ -1,0 +1,103 @@
+"""Pure parts of a rollout that stays safe while others act: route ownership, capacity rule, window verdict."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from evaluation.records import Outcome, RequestRecord
+from manifests.rollout import PostPromotionCheck
+from manifests.route import RevisionTarget, RouteSnapshot
+from manifests.route_change import canary, successor
+from promotion.capacity import RevisionCapacity, check_capacity, observed_demand, required_replicas
+from promotion.ownership import decision_of, drainable, lease_end, takeover
+from promotion.window import window_verdict
+from rollback.plan import revert_to, rollback_snapshot
+
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
+CANDIDATE = RevisionTarget(fingerprint="sha256:" + "2" * 64, endpoints=("http://127.0.0.1:8002",))
+FIRST = RouteSnapshot.build(route="chat", generation=1, stable=STABLE, created_by="seed", created_at=NOW)
+
+
+def test_only_the_rollouts_own_generation_is_its_route() -> None:
+    mine = successor(FIRST, by="flow", now=NOW, candidate=canary(CANDIDATE, 50_000, NOW, 60))
+    assert takeover(mine, owned_generation=2) is None
+    operator = rollback_snapshot([FIRST, mine], by="oncall", now=NOW)
+    taken = takeover(operator, owned_generation=2)
+    assert taken is not None and taken.reason == "aborted by oncall at generation 3"
+    # A heartbeat's own renewal is the rollout's write: it moves the owned generation, nobody else's does.
+    assert takeover(None, owned_generation=2) is not None
+
+
+def test_the_decision_is_what_the_route_says() -> None:
+    promoted = successor(FIRST, by="flow", now=NOW, stable=CANDIDATE)
+    assert decision_of(promoted, CANDIDATE.fingerprint) == "promoted"
+    assert decision_of(FIRST, CANDIDATE.fingerprint) == "rolled_back"
+
+
+def test_drain_only_what_no_router_may_send_to() -> None:
+    leased = successor(FIRST, by="flow", now=NOW, candidate=canary(CANDIDATE, 50_000, NOW, 60))
+    urls = [*STABLE.endpoints, *CANDIDATE.endpoints]
+    assert drainable(leased, urls, NOW) == []  # stable always routed, candidate inside its lease
+    assert drainable(leased, urls, NOW + timedelta(seconds=61)) == list(CANDIDATE.endpoints)
+    assert lease_end(leased, CANDIDATE.endpoints) == NOW + timedelta(seconds=60)
+    assert lease_end(leased, STABLE.endpoints) is None
+
+
+def test_revert_returns_the_old_stable_alone() -> None:
+    promoted = successor(FIRST, by="flow", now=NOW, stable=CANDIDATE)
+    reverted = revert_to(promoted, FIRST, by="flow", now=NOW)
+    assert reverted.generation == 3 and reverted.stable == STABLE and reverted.candidate is None
+
+
+@pytest.mark.parametrize(("demand", "share", "per_replica", "utilisation", "needed"), [
+    (0.0, 0.5, 10.0, 0.8, 1),  # a share always needs one ready replica
+    (16.0, 0.5, 10.0, 0.8, 1),  # 8 req/s on 8 usable per replica
+    (16.1, 0.5, 10.0, 0.8, 2),
+    (100.0, 0.99, 10.0, 0.8, 13),
+    (5.0, 0.0, 10.0, 0.8, 0),  # no share, nothing needed
+])
+def test_required_replicas(demand: float, share: float, per_replica: float, utilisation: float, needed: int) -> None:
+    assert required_replicas(demand, share, per_replica, utilisation) == needed
+
+
+def test_capacity_check_names_the_short_revision_with_its_inputs() -> None:
+    s, c = STABLE.fingerprint, CANDIDATE.fingerprint
+    revisions = {s: RevisionCapacity(ready_replicas=1, requests_per_s=10.0), c: RevisionCapacity(1, 10.0)}
+    ok = check_capacity({s: 0.5, c: 0.5}, revisions, demand_rps=12.0, target_utilisation=0.8)
+    assert ok.ok
+    short = check_capacity({s: 0.9, c: 0.1}, revisions, demand_rps=12.0, target_utilisation=0.8)
+    assert not short.ok and short.reason.startswith(s[:19]) and "needs 2" in short.reason
+    evidence = short.evidence()
+    assert evidence["demand_rps"] == 12.0 and evidence["revisions"][0]["ready_replicas"] == 1
+    # Nothing ready (loading, warming and draining replicas are not in ready_replicas) never passes.
+    assert not check_capacity({c: 0.01}, {}, demand_rps=0.0, target_utilisation=0.8).ok
+    # Ready but never measured, with real demand: not known to suffice.
+    assert not check_capacity({c: 0.5}, {c: RevisionCapacity(1, 0.0)}, demand_rps=1.0, target_utilisation=0.8).ok
+
+
+def test_observed_demand_counts_the_window_only() -> None:
+    assert observed_demand([95.0, 99.0, 100.0, 70.0, 101.0], now=100.0, window_s=10.0) == pytest.approx(0.3)
+
+
+def record(arrival: float, outcome: Outcome = "ok", e2e: float = 0.1,
+           revision: str = CANDIDATE.fingerprint) -> RequestRecord:
+    return RequestRecord(request_id="r", revision=revision, arm="stable", arrival_s=arrival, outcome=outcome,
+                         first_token_s=arrival + e2e / 2, last_token_s=arrival + e2e)
+
+
+def test_window_rolls_back_on_errors_or_latency_only_with_enough_traffic() -> None:
+    check = PostPromotionCheck.build(min_requests=10, max_error_rate="0.1", e2e_ms=500, attainment="0.8")
+    fp = CANDIDATE.fingerprint
+    assert window_verdict(check, [record(1, "error")] * 9, fp, since_s=0).outcome == "watching"
+    assert window_verdict(check, [record(1)] * 10, fp, since_s=0).outcome == "healthy"
+    errors = [record(1)] * 8 + [record(1, "error")] * 2
+    assert window_verdict(check, errors, fp, since_s=0).outcome == "fail"
+    slow = [record(1)] * 7 + [record(1, e2e=0.9)] * 3
+    verdict = window_verdict(check, slow, fp, since_s=0)
+    assert verdict.outcome == "fail" and "latency" in verdict.reason
+    # Before the promotion, or on another revision: not the promoted revision's live traffic.
+    assert window_verdict(check, [record(0.5, "error")] * 20, fp, since_s=1).outcome == "watching"
+    assert window_verdict(check, [record(1, "error", revision=STABLE.fingerprint)] * 20, fp, 0).outcome == "watching"
