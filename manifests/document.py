@@ -7,7 +7,8 @@ from typing import Final, Self
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from manifests.canonical import canonical_json, digest_of
-from manifests.errors import ManifestInvalid
+from manifests.errors import ManifestInvalid, NotCanonical
+from manifests.jsonread import load_json
 
 API_VERSION: Final = "revgate/v1"
 
@@ -41,15 +42,30 @@ class Document(BaseModel):
 
     @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "") -> Self:
-        """Parse and validate; a :class:`ManifestInvalid` names each bad field."""
+        """Parse and validate; a :class:`ManifestInvalid` names each bad field (a repeated key, too)."""
+        where = source or "<input>"
+        load_json(data, where=where)  # refuses what pydantic's parser would silently resolve
         try:
             return cls.model_validate_json(data)
         except ValidationError as error:
             raise ManifestInvalid(
                 f"invalid {cls.__name__}: {describe_validation_error(error)}",
-                where=source or "<input>",
+                where=where,
                 fix="Correct the named fields; the document was not loaded.",
             ) from None
+
+    @classmethod
+    def from_canonical(cls, data: bytes, *, source: str = "") -> Self:
+        """Parse bytes that must be this document's canonical form (what a digest or a store names)."""
+        document = cls.from_json(data, source=source)
+        if document.canonical() != data:
+            raise NotCanonical(
+                f"{cls.__name__} is not in canonical form (sorted keys, no spaces, normalised values), "
+                "so its bytes and its digest would name two different things",
+                where=source or "<input>",
+                fix="Publish the document's canonical bytes (Document.canonical()); nothing was loaded.",
+            )
+        return document
 
     @classmethod
     def build(cls, **fields: object) -> Self:

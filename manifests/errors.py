@@ -26,3 +26,11 @@ class RevgateError(Exception):
 
 class ManifestInvalid(RevgateError):
     """A document (manifest, config, snapshot, policy) is malformed and was not constructed."""
+
+
+class DuplicateKey(ManifestInvalid):
+    """A JSON object names the same key twice; which value counts would depend on the parser."""
+
+
+class NotCanonical(ManifestInvalid):
+    """A document read by digest is not in canonical form, so one document would have two digests."""

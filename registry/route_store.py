@@ -1,9 +1,8 @@
 """Route stores: a local file store (the embedded default) and an S3 store, both compare-and-swap.
 
-Layout, the same in both: ``<route>/current.json`` is the committed snapshot (the commit point);
-``<route>/history/<generation>.json`` keeps every committed generation. A write first repairs a
-history entry missing for the current generation (a writer that died after its commit), then
-commits, then appends its own history entry, so history is complete and append-only.
+Layout, the same in both: ``<route>/history/<generation>.json`` keeps every committed generation and
+is the commit point; ``<route>/current.json`` is a copy of the newest, for fast reads. The protocol
+that keeps them consistent and self-healing is in :mod:`registry.route_log`.
 
 Deliberately free of model_signing, sigstore and mlflow: the router imports this module.
 """
@@ -11,193 +10,114 @@ Deliberately free of model_signing, sigstore and mlflow: the router imports this
 from __future__ import annotations
 
 import fcntl
-import os
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from manifests.route import (
-    ROUTE_NAME,
-    RouteConflict,
-    RouteSnapshot,
-    RouteStore,
-    RouteStoreUnavailable,
-    check_successor,
-)
-
-CURRENT = "current.json"
+from manifests.route import ROUTE_NAME, RouteSnapshot, RouteStore, RouteStoreUnavailable
+from registry import route_log
+from registry.durable import create_file, replace_file
 
 
-def _history_name(generation: int) -> str:
-    return f"history/{generation:012d}.json"
-
-
-def _check_route(route: str) -> None:
+def check_route(route: str) -> None:
+    """Refuse a route name that is not a safe folder or key name."""
     if not ROUTE_NAME.match(route):
         raise RouteStoreUnavailable(
             f"route name {route!r} is not valid", fix="Use 1-63 of a-z 0-9 . _ - starting with a letter or digit."
         )
 
 
+class FileObjects:
+    """One route's folder; writers hold the route's lock, so a version tag is not needed."""
+
+    def __init__(self, folder: Path, route: str) -> None:
+        self.folder = folder
+        self.route = route
+
+    def where(self, name: str) -> str:
+        """The file's path."""
+        return str(self.folder / name)
+
+    def get(self, name: str) -> tuple[bytes, str] | None:
+        """The file's bytes."""
+        try:
+            return (self.folder / name).read_bytes(), "file"
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise RouteStoreUnavailable(f"cannot read route snapshot: {error}", where=self.where(name)) from None
+
+    def generations(self) -> list[int]:
+        """Generations with a history file."""
+        folder = self.folder / route_log.HISTORY
+        found = (route_log.generation_of(path.name) for path in folder.glob("*.json")) if folder.is_dir() else ()
+        return sorted(generation for generation in found if generation is not None)
+
+    def put_new(self, name: str, data: bytes) -> bool:
+        """Create the file durably unless it exists."""
+        return self._guarded(name, lambda path: create_file(path, data))
+
+    def put_over(self, name: str, data: bytes, tag: str | None) -> bool:
+        """Replace the file durably (the lock, not the tag, keeps writers apart)."""
+        def replace(path: Path) -> bool:
+            replace_file(path, data)
+            return True
+
+        return self._guarded(name, replace)
+
+    def _guarded(self, name: str, write: Callable[[Path], bool]) -> bool:
+        path = self.folder / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return write(path)
+        except OSError as error:
+            raise RouteStoreUnavailable(f"cannot write route snapshot: {error}", where=str(path)) from None
+
+
 class FileRouteStore:
-    """Snapshots in a directory; writes are atomic renames under an exclusive lock file."""
+    """Snapshots in a directory; writes are durable renames and links under an exclusive lock file."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
-    def _dir(self, route: str) -> Path:
-        _check_route(route)
-        return self.root / route
+    def _objects(self, route: str) -> FileObjects:
+        check_route(route)
+        return FileObjects(self.root / route, route)
 
     def read(self, route: str) -> RouteSnapshot | None:
-        """The current snapshot, None when the route has none; ManifestInvalid when corrupt."""
-        path = self._dir(route) / CURRENT
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise RouteStoreUnavailable(f"cannot read route snapshot: {error}", where=str(path)) from None
-        return RouteSnapshot.from_json(data, source=str(path))
+        """The newest committed snapshot, None when the route has none; ManifestInvalid when none is readable."""
+        return route_log.read(self._objects(route))
 
     def write(self, snapshot: RouteSnapshot) -> None:
         """Commit the next generation; RouteConflict (and nothing changed) on a stale generation."""
-        folder = self._dir(snapshot.route)
-        with self._locked(folder):
-            current = self.read(snapshot.route)
-            check_successor(current, snapshot, where=str(folder / CURRENT))
-            if current is not None:
-                self._append_history(folder, current)
-            _atomic_write(folder / CURRENT, snapshot.canonical())
-            self._append_history(folder, snapshot)
+        objects = self._objects(snapshot.route)
+        with _locked(objects.folder):
+            route_log.commit(objects, snapshot)
 
     def history(self, route: str) -> list[RouteSnapshot]:
-        """Every committed generation, oldest first."""
-        folder = self._dir(route) / "history"
-        names = sorted(path.name for path in folder.glob("*.json")) if folder.is_dir() else []
-        return [RouteSnapshot.from_json((folder / name).read_bytes(), source=str(folder / name)) for name in names]
-
-    def _append_history(self, folder: Path, snapshot: RouteSnapshot) -> None:
-        path = folder / _history_name(snapshot.generation)
-        if not path.exists():
-            _atomic_write(path, snapshot.canonical())
-
-    @contextmanager
-    def _locked(self, folder: Path) -> Iterator[None]:
-        try:
-            (folder / "history").mkdir(parents=True, exist_ok=True)
-            handle = (folder / ".lock").open("a")
-        except OSError as error:
-            raise RouteStoreUnavailable(f"cannot lock route folder: {error}", where=str(folder)) from None
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+        """Every readable committed generation, oldest first, ending with the newest."""
+        return route_log.history(self._objects(route))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same folder, fsync, then rename over ``path``."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
     try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-class S3RouteStore:
-    """Snapshots in an S3 bucket; compare-and-swap by conditional writes (If-Match / If-None-Match)."""
-
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None) -> None:
-        import boto3  # deferred: only S3 users pay for importing boto3
-
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.client = client or boto3.client("s3", endpoint_url=endpoint_url)
-
-    def _key(self, route: str, name: str) -> str:
-        _check_route(route)
-        return "/".join(part for part in (self.prefix, route, name) if part)
-
-    def _where(self, key: str) -> str:
-        return f"s3://{self.bucket}/{key}"
-
-    def read(self, route: str) -> RouteSnapshot | None:
-        """The current snapshot, None when the route has none; ManifestInvalid when corrupt."""
-        found = self._get(self._key(route, CURRENT))
-        return None if found is None else found[0]
-
-    def _get(self, key: str) -> tuple[RouteSnapshot, str] | None:
-        from botocore.exceptions import BotoCoreError, ClientError  # as boto3
-
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=key)
-            data = response["Body"].read()
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise RouteStoreUnavailable(f"cannot read route snapshot: {error}", where=self._where(key)) from None
-        except BotoCoreError as error:
-            raise RouteStoreUnavailable(f"cannot reach the route store: {error}", where=self._where(key)) from None
-        return RouteSnapshot.from_json(data, source=self._where(key)), str(response["ETag"])
-
-    def write(self, snapshot: RouteSnapshot) -> None:
-        """Commit the next generation; RouteConflict (and nothing changed) on a stale generation."""
-        key = self._key(snapshot.route, CURRENT)
-        found = self._get(key)
-        current, etag = found if found is not None else (None, None)
-        check_successor(current, snapshot, where=self._where(key))
-        if current is not None:
-            self._append_history(current)
-        condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
-        if not self._put(key, snapshot.canonical(), condition):
-            latest = self.read(snapshot.route)
-            check_successor(latest, snapshot, where=self._where(key))
-            raise RouteConflict("the route changed during the write", where=self._where(key), fix="Re-read and retry.")
-        self._append_history(snapshot)
-
-    def history(self, route: str) -> list[RouteSnapshot]:
-        """Every committed generation, oldest first."""
-        prefix = self._key(route, "history/")
-        keys: list[str] = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            keys.extend(item["Key"] for item in page.get("Contents", []))
-        snapshots = [self._get(key) for key in sorted(keys)]
-        return [found[0] for found in snapshots if found is not None]
-
-    def _append_history(self, snapshot: RouteSnapshot) -> None:
-        # If-None-Match: history entries are written once; a 412 means it is already there.
-        key = self._key(snapshot.route, _history_name(snapshot.generation))
-        self._put(key, snapshot.canonical(), {"IfNoneMatch": "*"})
-
-    def _put(self, key: str, data: bytes, condition: dict[str, str]) -> bool:
-        """Conditional put; False when the precondition failed (someone else wrote first)."""
-        from botocore.exceptions import BotoCoreError, ClientError  # as boto3
-
-        try:
-            self.client.put_object(
-                Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", **condition
-            )
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
-                return False
-            raise RouteStoreUnavailable(f"cannot write route snapshot: {error}", where=self._where(key)) from None
-        except BotoCoreError as error:
-            raise RouteStoreUnavailable(f"cannot reach the route store: {error}", where=self._where(key)) from None
-        return True
+        (folder / route_log.HISTORY).mkdir(parents=True, exist_ok=True)
+        handle = (folder / ".lock").open("a")
+    except OSError as error:
+        raise RouteStoreUnavailable(f"cannot lock route folder: {error}", where=str(folder)) from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def open_route_store(url: str) -> RouteStore:
     """A store from a URL: ``s3://bucket/prefix[?endpoint_url=...]``, ``file:///dir`` or a plain directory."""
     parts = urlsplit(url)
     if parts.scheme == "s3":
+        from registry.route_store_s3 import S3RouteStore  # deferred: only S3 users pay for importing boto3
+
         if not parts.netloc:
             raise RouteStoreUnavailable("S3 route store URL names no bucket", where=url, fix="Use s3://BUCKET/PREFIX.")
         endpoint = parse_qs(parts.query).get("endpoint_url", [None])[0]

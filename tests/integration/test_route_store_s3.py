@@ -10,7 +10,9 @@ import pytest
 
 from manifests.errors import ManifestInvalid
 from manifests.route import RouteConflict, RouteSnapshot
-from registry.route_store import S3RouteStore, open_route_store
+from registry.route_store import open_route_store
+from registry.route_store_s3 import ConditionalWritesIgnored, S3RouteStore
+from tests.integration.s3_proxy import ignoring_conditions
 
 pytestmark = pytest.mark.servers
 
@@ -75,8 +77,46 @@ def test_racing_writers_commit_exactly_once(store: S3RouteStore) -> None:
     assert [item.created_by for item in store.history("chat")] == ["ops", winners[0]]
 
 
-def test_corrupt_object_is_a_typed_error(store: S3RouteStore) -> None:
+def test_corrupt_current_is_read_from_history_and_repaired(store: S3RouteStore) -> None:
     store.write(snap(1))
+    store.client.put_object(Bucket=store.bucket, Key="prod/chat/current.json", Body=b"{not json")
+    current = store.read("chat")
+    assert current is not None and current.generation == 1
+    store.write(snap(2, OTHER))
+    body = store.client.get_object(Bucket=store.bucket, Key="prod/chat/current.json")["Body"].read()
+    assert body == snap(2, OTHER).canonical()
+
+
+def test_corrupt_current_without_history_is_a_typed_error(store: S3RouteStore) -> None:
     store.client.put_object(Bucket=store.bucket, Key="prod/chat/current.json", Body=b"{not json")
     with pytest.raises(ManifestInvalid):
         store.read("chat")
+
+
+def test_a_writer_that_died_after_history_is_committed(store: S3RouteStore) -> None:
+    store.write(snap(1))
+    store.client.put_object(Bucket=store.bucket, Key="prod/chat/history/000000000002.json",
+                            Body=snap(2, OTHER).canonical())
+    current = store.read("chat")
+    assert current is not None and current.generation == 2
+    with pytest.raises(RouteConflict):
+        store.write(snap(2, STABLE, by="late"))
+    store.write(snap(3))
+    assert [item.generation for item in store.history("chat")] == [1, 2, 3]
+
+
+def test_moto_honours_conditional_writes_so_the_probe_passes(store: S3RouteStore) -> None:
+    store.check_conditional_writes()
+    listed = store.client.list_objects_v2(Bucket=store.bucket, Prefix="prod/.revgate-probe/")
+    assert listed.get("KeyCount", 0) == 0  # the probe cleans up after itself
+
+
+def test_an_endpoint_that_ignores_conditional_writes_is_refused_before_any_write(s3_endpoint: str) -> None:
+    bucket = f"routes-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    with ignoring_conditions(s3_endpoint) as careless:
+        found = open_route_store(f"s3://{bucket}/prod?endpoint_url={careless}")
+        with pytest.raises(ConditionalWritesIgnored, match="If-None-Match and If-Match") as caught:
+            found.write(snap(1))
+    assert "compare-and-swap" in caught.value.what and caught.value.fix
+    assert boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0

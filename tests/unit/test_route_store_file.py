@@ -1,13 +1,17 @@
-"""The file route store: compare-and-swap, append-only history, corrupt files refused."""
+"""The file route store: compare-and-swap, append-only history, durable writes, self-healing reads."""
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from manifests.errors import ManifestInvalid
+from manifests.errors import ManifestInvalid, NotCanonical
 from manifests.route import RouteConflict, RouteSnapshot
 from registry.route_store import FileRouteStore, open_route_store
 
@@ -65,12 +69,77 @@ def test_concurrent_writers_of_one_generation_commit_exactly_once(tmp_path: Path
     assert [item.generation for item in store.history("chat")] == [1, 2]
 
 
-def test_corrupt_current_file_is_a_typed_error(tmp_path: Path) -> None:
+def test_corrupt_current_file_is_read_from_history_and_repaired_by_the_next_write(tmp_path: Path) -> None:
     store = FileRouteStore(tmp_path)
     store.write(snap(1))
     (tmp_path / "chat" / "current.json").write_text('{"route": "chat"')
+    current = store.read("chat")
+    assert current is not None and current.generation == 1
+    store.write(snap(2, OTHER))
+    assert (tmp_path / "chat" / "current.json").read_bytes() == snap(2, OTHER).canonical()
+
+
+def test_corrupt_current_file_without_history_is_a_typed_error(tmp_path: Path) -> None:
+    (tmp_path / "chat").mkdir()
+    (tmp_path / "chat" / "current.json").write_text('{"route": "chat"')
     with pytest.raises(ManifestInvalid):
-        store.read("chat")
+        FileRouteStore(tmp_path).read("chat")
+
+
+def test_non_canonical_bytes_are_not_read_as_a_snapshot(tmp_path: Path) -> None:
+    (tmp_path / "chat").mkdir()
+    (tmp_path / "chat" / "current.json").write_text(snap(1).model_dump_json(indent=2))
+    with pytest.raises(NotCanonical):
+        FileRouteStore(tmp_path).read("chat")
+
+
+def test_a_writer_that_died_after_history_is_committed_and_current_catches_up(tmp_path: Path) -> None:
+    store = FileRouteStore(tmp_path)
+    store.write(snap(1))
+    # The writer of generation 2 committed its history entry, then died before replacing current.
+    (tmp_path / "chat" / "history" / "000000000002.json").write_bytes(snap(2, OTHER).canonical())
+    current = store.read("chat")
+    assert current is not None and current.generation == 2 and current.stable.fingerprint == OTHER
+    with pytest.raises(RouteConflict):
+        store.write(snap(2, STABLE, by="late-writer"))
+    store.write(snap(3))
+    assert [item.generation for item in store.history("chat")] == [1, 2, 3]
+    assert (tmp_path / "chat" / "current.json").read_bytes() == snap(3).canonical()
+
+
+def test_lost_or_corrupt_history_entries_are_left_out_and_the_newest_is_last(tmp_path: Path) -> None:
+    store = FileRouteStore(tmp_path)
+    for generation in (1, 2, 3):
+        store.write(snap(generation, OTHER if generation == 2 else STABLE))
+    history = tmp_path / "chat" / "history"
+    (history / "000000000001.json").write_text("{torn")
+    (history / "000000000003.json").unlink()
+    assert [item.generation for item in store.history("chat")] == [2, 3]
+    store.write(snap(4))  # repairs the newest generation's entry from current
+    assert (history / "000000000003.json").read_bytes() == snap(3).canonical()
+    assert [item.generation for item in store.history("chat")] == [2, 3, 4]
+
+
+def test_every_name_is_fsynced_after_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+
+    def fsync(fd: int) -> None:
+        events.append("fsync-folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync-file")
+        real_fsync(fd)
+
+    def named(kind: str, real: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+        def call(source: Any, target: Any) -> None:
+            events.append(f"{kind} {Path(target).relative_to(tmp_path)}")
+            real(source, target)
+        return call
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", named("rename", real_replace))
+    monkeypatch.setattr(os, "link", named("link", real_link))
+    FileRouteStore(tmp_path).write(snap(1))
+    assert events == ["fsync-file", "link chat/history/000000000001.json", "fsync-folder",
+                      "fsync-file", "rename chat/current.json", "fsync-folder"]
 
 
 def test_open_route_store_understands_paths_and_urls(tmp_path: Path) -> None:

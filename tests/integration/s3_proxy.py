@@ -1,0 +1,64 @@
+"""An S3 endpoint that ignores conditional writes: a real HTTP proxy in front of moto that drops
+If-Match and If-None-Match, the way some S3-compatible servers accept and ignore them."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+DROPPED = frozenset({"if-match", "if-none-match"})
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"})
+
+
+def _handler(upstream: str) -> type[BaseHTTPRequestHandler]:
+    parts = urlsplit(upstream)
+
+    class Forward(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = self.rfile.read(length) if length else None
+            headers = {name: value for name, value in self.headers.items()
+                       if name.lower() not in DROPPED | HOP_BY_HOP}
+            connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+            try:
+                connection.request(self.command, self.path, body=body, headers=headers)
+                response = connection.getresponse()
+                data = response.read()
+                self.send_response(response.status, response.reason)
+                for name, value in response.getheaders():
+                    if name.lower() not in HOP_BY_HOP | {"content-length"}:
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+            finally:
+                connection.close()
+
+        # http.server dispatches on these names.
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815
+
+    return Forward
+
+
+@contextmanager
+def ignoring_conditions(upstream: str) -> Iterator[str]:
+    """The URL of a proxy to ``upstream`` that strips If-Match and If-None-Match from every request."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(upstream))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
