@@ -24,10 +24,20 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from evaluation import metrics, sequential
+from evaluation import metrics, paired, sequential, slicing
 from evaluation.records import RequestRecord
 from manifests.canonical import sha256_digest
-from manifests.gates import GatePolicy, GateReport, GateResult, LatencyMetric, Outcome, SliceResult, SloTarget
+from manifests.gates import (
+    GatePolicy,
+    GateReport,
+    GateResult,
+    LatencyMetric,
+    Outcome,
+    PairedGrader,
+    PairedPolicy,
+    SliceResult,
+    SloTarget,
+)
 
 FAILED = ("error", "timeout")
 
@@ -42,6 +52,8 @@ class Evidence:
     candidate_scores: Mapping[str, float] = field(default_factory=dict)
     expected_candidate_share: float | None = None  # the route's weight, for the sample-ratio check
     final: bool = False  # the stage has ended: missing evidence on critical slices is now a failure
+    # Shadow pairs graded by named graders: grader -> request id -> (stable score, candidate score).
+    pair_scores: Mapping[str, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
 
     def digest(self) -> str:
         """A digest over every record and score, so an approval binds to exactly this evidence."""
@@ -51,7 +63,12 @@ class Evidence:
             for arm, table in (("s", self.stable_scores), ("c", self.candidate_scores))
             for rid, score in table.items()
         )
-        return sha256_digest("\n".join([*lines, *scores]).encode())
+        pairs = sorted(
+            f"p:{grader}:{rid}:{pair[0]!r}:{pair[1]!r}"
+            for grader, table in self.pair_scores.items()
+            for rid, pair in table.items()
+        )
+        return sha256_digest("\n".join([*lines, *scores, *pairs]).encode())
 
 
 class Gate(Protocol):
@@ -350,6 +367,197 @@ class LatencyGate:
         return GateResult(gate=self.name, outcome=outcome, reason=reason, numbers=numbers)
 
 
+# --- paired shadow gates -------------------------------------------------------------------------
+
+REFERENCE = PairedGrader(name="reference", kind="reference")  # the stage's own graded scores
+
+
+def slice_function(policy: GatePolicy) -> Callable[[RequestRecord], str]:
+    """How a record is put in a slice: the policy's slicing rules, else its ``slice_keys`` labels."""
+    rules = policy.slicing
+    if rules is None:
+        return lambda record: metrics.slice_name(record, policy.slice_keys)
+    return lambda record: slicing.record_slice(record, rules)
+
+
+def pairs_of(evidence: Evidence) -> list[tuple[RequestRecord, RequestRecord]]:
+    """(stable, candidate) records of the same request, in the stable arrival order."""
+    candidate = {r.request_id: r for r in evidence.candidate}
+    joined = [(s, candidate[s.request_id]) for s in evidence.stable if s.request_id in candidate]
+    return sorted(joined, key=lambda pair: pair[0].arrival_s)
+
+
+def grader_scores(evidence: Evidence, grader: PairedGrader) -> Mapping[str, tuple[float, float]]:
+    """(stable, candidate) scores by request id: the named grader's, or the stage's own for ``reference``."""
+    if grader.kind != "reference":
+        return evidence.pair_scores.get(grader.name, {})
+    s, c = evidence.stable_scores, evidence.candidate_scores
+    return {rid: (s[rid], c[rid]) for rid in s.keys() & c.keys()}
+
+
+def covers(grader: PairedGrader, slice_name: str) -> bool:
+    """Whether the policy sends ``slice_name``'s pairs to this grader."""
+    return "*" in grader.slices or slice_name in grader.slices
+
+
+def quality_cells(
+    evidence: Evidence, policy: GatePolicy, graders: Sequence[PairedGrader]
+) -> dict[tuple[str, str], list[float]]:
+    """d = stable - candidate per (grader, slice), in arrival order; critical slices present even if empty."""
+    slice_of = slice_function(policy)
+    cells: dict[tuple[str, str], list[float]] = {}
+    pairs = pairs_of(evidence)
+    for grader in graders:
+        scores = grader_scores(evidence, grader)
+        for name in policy.critical_slices:
+            if covers(grader, name):
+                cells.setdefault((grader.name, name), [])
+        for stable, _ in pairs:
+            if (pair := scores.get(stable.request_id)) is not None and covers(grader, name := slice_of(stable)):
+                cells.setdefault((grader.name, name), []).append(pair[0] - pair[1])
+    return cells
+
+
+def paired_numbers(decision: sequential.SequentialDecision, differences: NDArray[np.float64]) -> dict[str, str]:
+    """Pairs, discordant pairs, and the deciding (or last) look's estimate, interval and boundary."""
+    numbers = {
+        "pairs": str(differences.size),
+        "candidate_lost": str(int((differences > 0).sum())),
+        "candidate_won": str(int((differences < 0).sum())),
+        "looks": str(len(decision.looks)),
+    }
+    if decision.looks:
+        last = next((lk for lk in decision.looks if lk.samples == decision.decided_at), decision.looks[-1])
+        numbers |= {
+            "look_pairs": str(last.samples),
+            "estimate": fmt(last.estimate),
+            "lower": fmt(last.lower()),
+            "upper": fmt(last.upper()),
+            "boundary_z": fmt(last.boundary, 3),
+        }
+    return numbers
+
+
+def _plan(settings: PairedPolicy, alpha: float) -> paired.LookPlan:
+    return paired.LookPlan(alpha, settings.max_pairs_per_stage, settings.look_every)
+
+
+def _unmatched_numbers(evidence: Evidence, policy: GatePolicy) -> dict[str, str]:
+    if policy.slicing is None:
+        return {}
+    found = slicing.census(evidence.stable, policy.slicing)
+    top = sorted(found.unmatched.items(), key=lambda item: -item[1])[:3]
+    return {
+        "unmatched_requests": str(found.unmatched_requests),
+        "unmatched_features": "; ".join(f"{key} x{count}" for key, count in top) or "none",
+    }
+
+
+def _gate_outcome(name: str, slices: Sequence[SliceResult], passing: str) -> tuple[Outcome, str]:
+    outcome = combine([s.outcome for s in slices])
+    worst = [s.slice for s in slices if s.outcome == outcome and outcome != "pass"]
+    return outcome, passing if outcome == "pass" else f"{outcome}: {', '.join(worst) or f'no {name} pairs'}"
+
+
+@dataclass(frozen=True, slots=True)
+class PairedQualityGate:
+    """Per grader and slice, non-inferiority of the candidate on the same requests as stable (shadow).
+
+    Each (grader, slice) cell is a sequential paired test; the cells share the alpha by Bonferroni.
+    A cell fails once its repeated interval shows the candidate worse, and passes once it shows it
+    within the paired quality margin. Requests without both grades are missing evidence.
+    """
+
+    policy: GatePolicy
+    settings: PairedPolicy
+    name: str = "quality-paired"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Every cell's outcome; any failing cell fails the gate."""
+        graders = self.settings.graders or (REFERENCE,)
+        cells = quality_cells(evidence, self.policy, graders)
+        alpha = float(self.policy.alpha) / max(len(cells), 1)
+        slices = tuple(self._cell(g, s, d, alpha, evidence.final) for (g, s), d in sorted(cells.items()))
+        outcome, reason = _gate_outcome("graded", slices, "every slice non-inferior on the same requests")
+        numbers = {"cells": str(len(cells)), "alpha_per_cell": fmt(alpha, 6), "pairs": str(len(pairs_of(evidence)))}
+        return GateResult(
+            gate=self.name,
+            outcome=outcome,
+            reason=reason,
+            numbers=numbers | _unmatched_numbers(evidence, self.policy),
+            slices=slices,
+        )
+
+    def _cell(self, grader: str, name: str, values: list[float], alpha: float, final: bool) -> SliceResult:
+        differences = np.array(values, dtype=float)
+        looks = paired.paired_looks(differences, _plan(self.settings, alpha))
+        decision = paired.decide_quality(looks, float(self.settings.quality_margin))
+        must_decide = final and name in self.policy.critical_slices
+        outcome, reason = _slice_outcome(decision, differences.size, self.policy.min_samples_per_slice, must_decide)
+        return SliceResult(
+            slice=f"{grader}/{name}", outcome=outcome, reason=reason, numbers=paired_numbers(decision, differences)
+        )
+
+
+def latency_cells(evidence: Evidence, keys: Sequence[str], metric: LatencyMetric) -> dict[str, list[float]]:
+    """log(candidate / stable) of ``metric`` per slice, for requests both revisions answered."""
+    cells: dict[str, list[float]] = {}
+    for stable, candidate in pairs_of(evidence):
+        if stable.outcome != "ok" or candidate.outcome != "ok":
+            continue
+        ratio = paired.log_ratio(metrics.latency_s(stable, metric), metrics.latency_s(candidate, metric))
+        if ratio is not None:
+            cells.setdefault(metrics.slice_name(stable, keys), []).append(ratio)
+    return cells
+
+
+@dataclass(frozen=True, slots=True)
+class PairedLatencyGate:
+    """The candidate's latency on the same requests as stable: a slowdown beyond the margin fails.
+
+    The statistic is the mean log ratio per pair, so the request's own length and the load it met
+    cancel. Fails once a repeated interval lies above log(1 + margin), passes once one lies below.
+    """
+
+    policy: GatePolicy
+    settings: PairedPolicy
+    metric: LatencyMetric
+    alpha: float
+
+    @property
+    def name(self) -> str:
+        """Gate name, e.g. ``latency-paired-ttft``."""
+        return f"latency-paired-{self.metric}"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Each slice (by ``latency_slice_keys``) tested; Bonferroni across them."""
+        cells = latency_cells(evidence, self.settings.latency_slice_keys, self.metric)
+        alpha = self.alpha / max(len(cells), 1)
+        slices = tuple(self._slice(name, values, alpha) for name, values in sorted(cells.items()))
+        outcome, reason = _gate_outcome(self.metric, slices, f"slowdown shown within {self.settings.latency_margin}")
+        numbers = {
+            "slices": str(len(cells)),
+            "alpha_per_slice": fmt(alpha, 6),
+            "margin": str(self.settings.latency_margin),
+        }
+        return GateResult(gate=self.name, outcome=outcome, reason=reason, numbers=numbers, slices=slices)
+
+    def _slice(self, name: str, values: list[float], alpha: float) -> SliceResult:
+        differences = np.array(values, dtype=float)
+        looks = paired.paired_looks(differences, _plan(self.settings, alpha), latency=True)
+        tolerance = math.log1p(float(self.settings.latency_margin))
+        decision = paired.decide_tolerance(looks, tolerance)
+        outcome, reason = _slice_outcome(decision, differences.size, self.policy.min_samples_per_slice, False)
+        if outcome == "fail":
+            reason = f"slower than stable by more than {self.settings.latency_margin} at look n={decision.decided_at}"
+        numbers = {"pairs": str(differences.size), "looks": str(len(looks))}
+        if looks:
+            last = next((lk for lk in looks if lk.samples == decision.decided_at), looks[-1])
+            numbers |= {"ratio": fmt(math.exp(last.estimate)), "ratio_lower": fmt(math.exp(last.lower()))}
+            numbers |= {"ratio_upper": fmt(math.exp(min(last.upper(), 700.0))), "look_pairs": str(last.samples)}
+        return SliceResult(slice=name, outcome=outcome, reason=reason, numbers=numbers)
+
+
 # --- SLO attainment, traffic split, hard constraints --------------------------------------------
 
 
@@ -482,17 +690,37 @@ class HardConstraintGate:
 # --- assembling and judging ---------------------------------------------------------------------
 
 
-def gates_from_policy(policy: GatePolicy, expected_candidate_share: float | None = None) -> AllOf:
-    """The standard joint gate: quality, errors, latency, SLO targets, split, hard constraints."""
+def gates_from_policy(
+    policy: GatePolicy, expected_candidate_share: float | None = None, *, paired_evidence: bool = False
+) -> AllOf:
+    """The standard joint gate: quality, errors, latency, SLO targets, split, hard constraints.
+
+    With ``paired_evidence`` (the shadow stage: both revisions answered every request) and a
+    ``paired`` policy section, quality and latency are the paired gates instead of two-sample ones.
+    """
     alpha = float(policy.alpha)
-    members: list[Gate] = [QualityGate(policy), ErrorRateGate(policy)]
-    members += [LatencyGate(policy, m, alpha / len(policy.latency_metrics)) for m in policy.latency_metrics]
+    quality, latency = _comparisons(policy, paired_evidence)
+    members: list[Gate] = [quality, ErrorRateGate(policy), *latency]
     members += [SloGate(policy, t, alpha / len(policy.slo)) for t in policy.slo]
     if expected_candidate_share is not None:
         members.append(SampleRatioGate(policy, expected_candidate_share))
     if policy.hard_constraints:
         members.append(HardConstraintGate(policy))
     return AllOf(tuple(members))
+
+
+def _comparisons(policy: GatePolicy, paired_evidence: bool) -> tuple[Gate, list[Gate]]:
+    """(quality gate, latency gates): paired on shadow evidence when the policy has a paired section."""
+    alpha = float(policy.alpha)
+    settings = policy.paired
+    if not paired_evidence or settings is None:
+        return QualityGate(policy), [
+            LatencyGate(policy, m, alpha / len(policy.latency_metrics)) for m in policy.latency_metrics
+        ]
+    share = alpha / max(len(settings.latency_metrics), 1)
+    return PairedQualityGate(policy, settings), [
+        PairedLatencyGate(policy, settings, m, share) for m in settings.latency_metrics
+    ]
 
 
 def _notes(evidence: Evidence) -> tuple[str, ...]:
