@@ -10,7 +10,7 @@ from pathlib import Path
 from manifests.artifact import ArtifactManifest, ManifestEntry, Role
 from manifests.errors import ManifestInvalid
 from registry.hashing import FileDigest, Progress, hash_tree
-from registry.tree import list_files
+from registry.tree import artifact_root, list_files
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".msgpack", ".h5")
 _WEIGHT_INDEXES = (".safetensors.index.json", ".bin.index.json")
@@ -100,18 +100,20 @@ def build_manifest(
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> ArtifactManifest:
-    """Hash every file of ``model_dir`` in parallel and pin it in an artifact manifest.
+    """Hash every file of ``model_dir`` (a folder, or one file) in parallel and pin it in an artifact manifest.
 
     Refuses symlinks and non-regular files. Adapter files (adapter_config.json,
     adapter_model.safetensors) bind to ``base_artifact``, the base model's manifest digest.
     """
     files = list_files(model_dir)
-    chat_template = has_chat_template(_read_tokenizer_config(model_dir, files))
-    digests = hash_tree(model_dir, files, workers=workers, progress=progress)
+    root = artifact_root(model_dir)
+    chat_template = has_chat_template(_read_tokenizer_config(root, files))
+    digests = hash_tree(root, files, workers=workers, progress=progress)
     entries = entries_for(digests, chat_template=chat_template, base_artifact=base_artifact)
     return ArtifactManifest.build(entries=entries)
 
 
 def total_bytes(model_dir: Path) -> int:
     """Bytes in the regular files of ``model_dir`` (for progress bars)."""
-    return sum((model_dir / path).stat().st_size for path in list_files(model_dir))
+    root = artifact_root(model_dir)
+    return sum((root / path).stat().st_size for path in list_files(model_dir))

@@ -59,6 +59,10 @@ class ObjectExists(StoreError):
     """A write-once object already exists with different content; it was not overwritten."""
 
 
+class ObjectCorrupt(StoreError):
+    """A stored object's bytes do not match its content address, and it could not be replaced."""
+
+
 class ObjectMissing(StoreError):
     """A requested object is not in the store."""
 

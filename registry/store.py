@@ -6,11 +6,14 @@ Layout under the store root (a folder, or an S3 bucket and prefix)::
     signatures/<hex>.sig     the signature of the artifact manifest with digest sha256:<hex>
     manifests/<hex>.json     the canonical artifact manifest with digest sha256:<hex>
 
-Nothing is ever overwritten: the local store links a finished temporary file into place (a link
-fails if the name exists), S3 writes carry ``If-None-Match: *``. A push writes blobs first and the
-manifest last, so a manifest that can be read implies its blobs are there. A pull streams every
-blob into a temporary folder, hashing as it goes, and renames the folder into place only when
-every file matched: a partial or corrupt download never appears under its final name.
+Nothing correct is ever overwritten: the local store links a finished, fsynced temporary file into
+place (a link fails if the name exists) and fsyncs the folder, S3 writes carry ``If-None-Match: *``.
+A push re-hashes every object that already exists: a corrupt one is replaced (conditionally, on the
+version that was hashed) or refused with ObjectCorrupt, so a bad copy is never permanent. A push
+writes blobs first and the manifest last, so a manifest that can be read implies its blobs are there.
+A pull streams every blob into a temporary folder, hashing as it goes, and renames the folder into
+place only when every file matched and was fsynced: a partial or corrupt download never appears
+under its final name.
 """
 
 from __future__ import annotations
@@ -22,22 +25,17 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, Protocol
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
-
-import boto3
-from botocore.config import Config as BotoConfig
-from botocore.exceptions import BotoCoreError, ClientError
 
 from manifests.artifact import ArtifactManifest
 from manifests.canonical import DIGEST, sha256_digest
-from registry.errors import DigestMismatch, ObjectExists, ObjectMissing, StoreError
+from registry.durable import Writer, fsync_folder, link_once, write_temporary
+from registry.errors import DigestMismatch, ObjectCorrupt, ObjectExists, ObjectMissing, StoreError
 from registry.hashing import BUFFER_BYTES, Progress
+from registry.tree import artifact_root
 from registry.verify import check_tree
-
-MULTIPART_THRESHOLD = 64 * 1024 * 1024
-PART_BYTES = 16 * 1024 * 1024
 
 
 class Backend(Protocol):
@@ -60,6 +58,12 @@ class Backend(Protocol):
 
     def stream(self, key: str) -> Iterator[bytes]:
         """The object's bytes in chunks; ObjectMissing if absent."""
+
+    def version(self, key: str) -> str | None:
+        """A tag that changes whenever the object does (None if absent)."""
+
+    def replace_file(self, key: str, path: Path, version: str) -> bool:
+        """Overwrite a corrupt object with the file's bytes if it is still at ``version``; False otherwise."""
 
 
 def _hex(digest: str) -> str:
@@ -87,6 +91,14 @@ def signature_key(digest: str) -> str:
 # Local folder
 
 
+def _copy(path: Path, stream: BinaryIO, progress: Progress | None) -> None:
+    with path.open("rb") as source:
+        while chunk := source.read(BUFFER_BYTES):
+            stream.write(chunk)
+            if progress is not None:
+                progress(len(chunk))
+
+
 class LocalBackend:
     """A folder; objects are read-only files linked into place when complete."""
 
@@ -104,24 +116,39 @@ class LocalBackend:
         """Whether the file exists."""
         return self._path(key).is_file()
 
-    def _publish(self, key: str, write: Any) -> bool:
+    def _publish(self, key: str, write: Writer) -> bool:
         final = self._path(key)
         if final.exists():
             return False
         temp_dir = self.root / ".tmp"
         temp_dir.mkdir(parents=True, exist_ok=True)
         final.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=temp_dir)
+        temp = write_temporary(temp_dir, write, mode=0o444)
         try:
-            with os.fdopen(handle, "wb") as stream:
-                write(stream)
-            os.chmod(temp, 0o444)
-            os.link(temp, final)  # atomic and refuses an existing name: write-once
-            return True
-        except FileExistsError:
-            return False
+            return link_once(temp, final)
         finally:
             os.unlink(temp)
+
+    def version(self, key: str) -> str | None:
+        """Inode, size and modification time."""
+        try:
+            info = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+
+    def replace_file(self, key: str, path: Path, version: str) -> bool:
+        """Rename a fresh, fsynced copy over the corrupt file (the folder's permissions allow it, not the file's)."""
+        final = self._path(key)
+        temp = write_temporary(final.parent, lambda stream: _copy(path, stream, None), mode=0o444)
+        try:
+            if self.version(key) != version:
+                return False
+            os.replace(temp, final)
+        finally:
+            temp.unlink(missing_ok=True)
+        fsync_folder(final.parent)
+        return True
 
     def put_bytes(self, key: str, data: bytes) -> bool:
         """Write once."""
@@ -129,15 +156,7 @@ class LocalBackend:
 
     def put_file(self, key: str, path: Path, progress: Progress | None) -> bool:
         """Copy once."""
-
-        def copy(stream: Any) -> None:
-            with path.open("rb") as source:
-                while chunk := source.read(BUFFER_BYTES):
-                    stream.write(chunk)
-                    if progress is not None:
-                        progress(len(chunk))
-
-        return self._publish(key, copy)
+        return self._publish(key, lambda stream: _copy(path, stream, progress))
 
     def get_bytes(self, key: str) -> bytes:
         """Read the whole object."""
@@ -160,122 +179,6 @@ class LocalBackend:
 
 
 # ---------------------------------------------------------------------------------------------
-# S3
-
-
-def _code(error: ClientError) -> str:
-    return str(error.response.get("Error", {}).get("Code", ""))
-
-
-def _precondition_failed(error: ClientError) -> bool:
-    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return _code(error) in {"PreconditionFailed", "ConditionalRequestConflict"} or status in {409, 412}
-
-
-class S3Backend:
-    """An S3 bucket and prefix; writes are conditional (If-None-Match: *), large files go multipart."""
-
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None,
-                 multipart_threshold: int = MULTIPART_THRESHOLD, part_bytes: int = PART_BYTES) -> None:
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        self.client = client or boto3.client("s3", endpoint_url=endpoint,
-                                             config=BotoConfig(retries={"max_attempts": 3, "mode": "standard"}))
-        self.multipart_threshold = multipart_threshold
-        self.part_bytes = part_bytes
-
-    def describe(self) -> str:
-        """The S3 URL."""
-        return f"s3://{self.bucket}/{self.prefix}"
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _failure(self, error: Exception, key: str) -> StoreError:
-        if isinstance(error, ClientError) and _code(error) in {"NoSuchKey", "404", "NotFound"}:
-            return ObjectMissing("object not in store", where=f"{self.describe()}/{key}",
-                                 fix="Push the artifact first, or check the digest and store URL.")
-        return StoreError(f"S3 request failed ({error})", where=f"{self.describe()}/{key}",
-                          fix="Check the endpoint (AWS_ENDPOINT_URL), the credentials, and that the bucket exists.")
-
-    def exists(self, key: str) -> bool:
-        """HEAD the object."""
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except ClientError as error:
-            if _code(error) in {"404", "NoSuchKey", "NotFound"}:
-                return False
-            raise self._failure(error, key) from None
-        except BotoCoreError as error:
-            raise self._failure(error, key) from None
-
-    def _conditional(self, key: str, action: Any) -> bool:
-        try:
-            action()
-            return True
-        except ClientError as error:
-            if _precondition_failed(error):
-                return False
-            raise self._failure(error, key) from None
-        except BotoCoreError as error:
-            raise self._failure(error, key) from None
-
-    def put_bytes(self, key: str, data: bytes) -> bool:
-        """Conditional PUT."""
-        return self._conditional(key, lambda: self.client.put_object(
-            Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"))
-
-    def put_file(self, key: str, path: Path, progress: Progress | None) -> bool:
-        """Conditional PUT, or a multipart upload completed with If-None-Match for large files."""
-        size = path.stat().st_size
-        if size <= self.multipart_threshold:
-            data = path.read_bytes()
-            written = self.put_bytes(key, data)
-            if progress is not None:
-                progress(size)
-            return written
-        return self._conditional(key, lambda: self._multipart(key, path, progress))
-
-    def _multipart(self, key: str, path: Path, progress: Progress | None) -> None:
-        full_key = self._key(key)
-        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full_key)["UploadId"]
-        try:
-            parts: list[dict[str, Any]] = []
-            with path.open("rb") as source:
-                while chunk := source.read(self.part_bytes):
-                    number = len(parts) + 1
-                    response = self.client.upload_part(Bucket=self.bucket, Key=full_key, UploadId=upload,
-                                                       PartNumber=number, Body=chunk)
-                    parts.append({"PartNumber": number, "ETag": response["ETag"]})
-                    if progress is not None:
-                        progress(len(chunk))
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload,
-                                                  MultipartUpload={"Parts": parts}, IfNoneMatch="*")
-        except BaseException:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload)
-            raise
-
-    def get_bytes(self, key: str) -> bytes:
-        """GET the whole object."""
-        return b"".join(self.stream(key))
-
-    def stream(self, key: str) -> Iterator[bytes]:
-        """GET in chunks."""
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        except (ClientError, BotoCoreError) as error:
-            raise self._failure(error, key) from None
-        try:
-            yield from body.iter_chunks(BUFFER_BYTES)
-        except BotoCoreError as error:
-            raise self._failure(error, key) from None
-        finally:
-            body.close()
-
-
-# ---------------------------------------------------------------------------------------------
 # The content-addressed store
 
 
@@ -287,18 +190,54 @@ class ArtifactStore:
 
     def push(self, model_dir: Path, manifest: ArtifactManifest, signature: Path | None = None, *,
              progress: Progress | None = None) -> str:
-        """Publish the folder (checked to equal ``manifest``) and its signature; returns the manifest digest."""
+        """Publish the artifact (checked to equal ``manifest``) and its signature; returns the manifest digest.
+
+        ``model_dir`` is the artifact's folder, or its one file for a single-file artifact.
+        """
+        root = artifact_root(model_dir)
         check_tree(model_dir, {entry.path: entry.sha256 for entry in manifest.entries})
         for entry in manifest.entries:
             key = blob_key(entry.sha256)
-            if not self.backend.exists(key):
-                self.backend.put_file(key, model_dir / entry.path, progress)
-            elif progress is not None:
-                progress(entry.size)
+            if self.backend.exists(key) or not self.backend.put_file(key, root / entry.path, progress):
+                self._keep_or_repair(key, entry.sha256, entry.size, root / entry.path)
+                if progress is not None:
+                    progress(entry.size)
         if signature is not None:
             self._put_signature(manifest.digest, signature.read_bytes())
-        self.backend.put_bytes(manifest_key(manifest.digest), manifest.canonical())
+        self._put_manifest(manifest)
         return manifest.digest
+
+    def _stored_digest(self, key: str) -> tuple[str, int]:
+        digest = hashlib.sha256()
+        size = 0
+        for chunk in self.backend.stream(key):
+            digest.update(chunk)
+            size += len(chunk)
+        return digest.hexdigest(), size
+
+    def _keep_or_repair(self, key: str, sha256_hex: str, size: int, source: Path) -> None:
+        """Re-hash an object that already exists; replace it if corrupt, else ObjectCorrupt."""
+        version = self.backend.version(key)
+        if version is None or self._stored_digest(key) == (sha256_hex, size):
+            return
+        repaired = self.backend.replace_file(key, source, version)
+        if not repaired or self._stored_digest(key) != (sha256_hex, size):
+            raise ObjectCorrupt(
+                "the stored object does not match its content address and could not be replaced",
+                where=f"{self.backend.describe()}/{key}",
+                fix="Another writer changed it during the repair, or the store cannot hold the bytes: push again, "
+                    "and if it persists check the store's disk or service.",
+            )
+
+    def _put_manifest(self, manifest: ArtifactManifest) -> None:
+        key = manifest_key(manifest.digest)
+        data = manifest.canonical()
+        if self.backend.put_bytes(key, data):
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / "manifest.json"
+            copy.write_bytes(data)
+            self._keep_or_repair(key, sha256_digest(data).removeprefix("sha256:"), len(data), copy)
 
     def _put_signature(self, digest: str, data: bytes) -> None:
         key = signature_key(digest)
@@ -314,7 +253,7 @@ class ArtifactStore:
         actual = sha256_digest(data)
         if actual != digest:
             raise DigestMismatch(key, digest, actual, fix="The store's copy is corrupt; re-push the manifest.")
-        return ArtifactManifest.from_json(data, source=f"{self.backend.describe()}/{key}")
+        return ArtifactManifest.from_canonical(data, source=f"{self.backend.describe()}/{key}")
 
     def get_signature(self, digest: str) -> bytes | None:
         """The published signature of the manifest, or None."""
@@ -333,10 +272,13 @@ class ArtifactStore:
         try:
             for entry in manifest.entries:
                 self._download(entry.sha256, entry.size, staging / entry.path, entry.path, progress)
+            for folder in _folders_deepest_first(staging, manifest):
+                fsync_folder(folder)  # every name under staging is durable before the rename
             os.rename(staging, dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        fsync_folder(dest.parent)
         return manifest
 
     def _download(self, sha256_hex: str, size: int, target: Path, where: str, progress: Progress | None) -> None:
@@ -350,9 +292,16 @@ class ArtifactStore:
                 received += len(chunk)
                 if progress is not None:
                     progress(len(chunk))
+            stream.flush()
+            os.fsync(stream.fileno())
         if digest.hexdigest() != sha256_hex or received != size:
             raise DigestMismatch(where, sha256_hex, digest.hexdigest(),
                                  fix="The store's copy is corrupt or truncated; nothing was placed. Re-push it.")
+
+
+def _folders_deepest_first(root: Path, manifest: ArtifactManifest) -> list[Path]:
+    folders = {root / parent for entry in manifest.entries for parent in PurePosixPath(entry.path).parents}
+    return sorted(folders, key=lambda folder: len(folder.parts), reverse=True)
 
 
 _S3_URL = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
@@ -364,6 +313,8 @@ def open_store(url: str, *, endpoint_url: str | None = None, **s3_options: Any) 
         match = _S3_URL.match(url)
         if not match:
             raise StoreError("malformed S3 URL", where=url, fix="Use s3://bucket/prefix.")
+        from registry.store_s3 import S3Backend  # deferred: only S3 users pay for importing boto3
+
         return ArtifactStore(S3Backend(match["bucket"], match["prefix"] or "", endpoint_url=endpoint_url,
                                        **s3_options))
     parsed = urlparse(url)

@@ -34,12 +34,30 @@ def _walk(root: Path, prefix: str, found: list[str]) -> None:
                 found.append(relative)
 
 
+def is_single_file(path: Path) -> bool:
+    """Whether ``path`` is a single-file artifact (a GGUF file, say) rather than a folder."""
+    return path.is_file() and not path.is_symlink()
+
+
+def artifact_root(path: Path) -> Path:
+    """The folder an artifact's relative paths start from: the folder itself, or a single file's folder."""
+    return path.parent if is_single_file(path) else path
+
+
 def list_files(root: Path) -> tuple[str, ...]:
-    """Every regular file under ``root`` as sorted relative POSIX paths; refuses symlinks and odd names."""
-    if root.is_symlink() or not root.is_dir():
-        raise UnsafePath("artifact folder is not a directory", where=str(root), fix="Pass the model folder.")
-    found: list[str] = []
-    _walk(root, "", found)
+    """Every regular file of the artifact at ``root`` as sorted relative POSIX paths.
+
+    ``root`` is a folder, or one regular file (a single-file artifact, listed as its own name).
+    Refuses symlinks, special files, unsafe names and names that collide.
+    """
+    if is_single_file(root):
+        found = [root.name]
+    elif root.is_symlink() or not root.is_dir():
+        raise UnsafePath("artifact is neither a folder nor a regular file", where=str(root),
+                         fix="Pass the model folder, or the model's one file.")
+    else:
+        found = []
+        _walk(root, "", found)
     for path in found:
         problem = path_problem(path)
         if problem:

@@ -16,7 +16,7 @@ from manifests.artifact import ArtifactManifest
 from registry.errors import DigestMismatch, ManifestMismatch, MissingFile, UnexpectedFile
 from registry.hashing import Progress, hash_tree
 from registry.signing import Policy, read_signed_files
-from registry.tree import list_files
+from registry.tree import artifact_root, list_files
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def check_tree(
     """Check that ``model_dir`` holds exactly ``expected`` (path -> sha256 hex), re-hashing every byte."""
     on_disk = list_files(model_dir)
     check_file_set(on_disk, expected)
-    digests = hash_tree(model_dir, on_disk, workers=workers, progress=progress)
+    digests = hash_tree(artifact_root(model_dir), on_disk, workers=workers, progress=progress)
     for path in on_disk:
         if digests[path].sha256 != expected[path]:
             raise DigestMismatch(path, expected[path], digests[path].sha256)

@@ -11,9 +11,11 @@ import boto3
 import pytest
 
 from manifests.artifact import ArtifactManifest
+from manifests.canonical import sha256_digest
+from manifests.errors import NotCanonical
 from registry.build import build_manifest
-from registry.errors import DigestMismatch, ObjectExists, ObjectMissing, StoreError, UnexpectedFile
-from registry.store import ArtifactStore, blob_key, manifest_key, open_store
+from registry.errors import DigestMismatch, ObjectCorrupt, ObjectExists, ObjectMissing, StoreError, UnexpectedFile
+from registry.store import ArtifactStore, LocalBackend, blob_key, manifest_key, open_store
 
 
 def _model(folder: Path, big: int = 0) -> Path:
@@ -90,19 +92,66 @@ def test_push_refuses_a_folder_that_differs_from_its_manifest(store: ArtifactSto
         store.get_manifest(manifest.digest)
 
 
+def _corrupt(store: ArtifactStore, key: str) -> None:
+    """Flip the stored object's last byte in place, as a broken disk or a bad actor would."""
+    data = bytearray(store.backend.get_bytes(key))
+    data[-1] ^= 0xFF
+    if isinstance(store.backend, LocalBackend):
+        path = store.backend.root / key
+        path.chmod(0o644)
+        path.write_bytes(bytes(data))
+    else:
+        backend = store.backend
+        backend.client.put_object(Bucket=backend.bucket, Key=backend._key(key), Body=bytes(data))  # type: ignore[attr-defined]
+
+
 def test_corrupt_blob_never_appears_under_the_final_name(store: ArtifactStore, tmp_path: Path) -> None:
     model = _model(tmp_path / "model")
-    manifest = build_manifest(model)
-    corrupt = bytearray((model / "sub" / "model.safetensors").read_bytes())
-    corrupt[-1] ^= 0xFF
-    # Plant a corrupt object under the blob's content address, as a broken disk or bad actor would.
-    store.backend.put_bytes(blob_key(manifest.by_path()["sub/model.safetensors"].sha256), bytes(corrupt))
-    store.push(model, manifest)
+    digest, manifest = _push(store, model)
+    _corrupt(store, blob_key(manifest.by_path()["sub/model.safetensors"].sha256))
     dest = tmp_path / "cache" / "m"
     with pytest.raises(DigestMismatch, match=r"sub/model\.safetensors"):
-        store.pull(manifest.digest, dest)
+        store.pull(digest, dest)
     assert not dest.exists()
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_push_repairs_a_corrupt_blob_planted_before_it(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    manifest = build_manifest(model)
+    key = blob_key(manifest.by_path()["sub/model.safetensors"].sha256)
+    corrupt = bytearray((model / "sub" / "model.safetensors").read_bytes())
+    corrupt[-1] ^= 0xFF
+    store.backend.put_bytes(key, bytes(corrupt))
+    store.push(model, manifest)
+    pulled = tmp_path / "pulled"
+    store.pull(manifest.digest, pulled)
+    assert (pulled / "sub" / "model.safetensors").read_bytes() == (model / "sub" / "model.safetensors").read_bytes()
+
+
+def test_push_again_repairs_objects_corrupted_after_publication(store: ArtifactStore, tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    digest, manifest = _push(store, model)
+    for entry in manifest.entries:
+        _corrupt(store, blob_key(entry.sha256))
+    _corrupt(store, manifest_key(digest))
+    with pytest.raises(DigestMismatch):
+        store.get_manifest(digest)
+    assert store.push(model, manifest) == digest
+    store.pull(digest, tmp_path / "pulled")
+    assert build_manifest(tmp_path / "pulled") == manifest
+
+
+def test_manifest_in_non_canonical_bytes_is_refused(store: ArtifactStore, tmp_path: Path) -> None:
+    manifest = build_manifest(_model(tmp_path / "model"))
+    pretty = manifest.model_dump_json(indent=2).encode()  # the same manifest, other bytes: another digest
+    alias = sha256_digest(pretty)
+    store.backend.put_bytes(manifest_key(alias), pretty)
+    with pytest.raises(NotCanonical, match="canonical form"):
+        store.get_manifest(alias)
+    with pytest.raises(NotCanonical):
+        store.pull(alias, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
 
 
 def test_manifest_bytes_are_checked_against_the_digest(store: ArtifactStore, tmp_path: Path) -> None:
@@ -130,3 +179,23 @@ def test_store_urls() -> None:
         open_store("ftp://host/x")
     with pytest.raises(StoreError, match="malformed S3 URL"):
         open_store("s3://UPPER/x")
+
+
+class _DiskThatKeepsBadBytes(LocalBackend):
+    """A folder whose replacements do not take, as on a failing disk."""
+
+    def replace_file(self, key: str, path: Path, version: str) -> bool:
+        return True
+
+
+def test_a_repair_that_does_not_take_is_a_typed_error(tmp_path: Path) -> None:
+    model = _model(tmp_path / "model")
+    manifest = build_manifest(model)
+    store = ArtifactStore(_DiskThatKeepsBadBytes(tmp_path / "store"))
+    key = blob_key(manifest.by_path()["config.json"].sha256)
+    store.backend.put_bytes(key, b"not the config")
+    with pytest.raises(ObjectCorrupt, match="could not be replaced") as caught:
+        store.push(model, manifest)
+    assert key in caught.value.where
+    with pytest.raises(ObjectMissing):
+        store.get_manifest(manifest.digest)  # the manifest is published last, so never over a bad blob
