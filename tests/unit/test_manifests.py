@@ -15,6 +15,7 @@ from manifests import (
     ServiceRevision,
     canonical_json,
 )
+from manifests.errors import DuplicateKey, NotCanonical
 
 WEIGHTS = {"path": "model.safetensors", "size": 1000, "sha256": "a" * 64, "role": "weights"}
 CONFIG = {"path": "config.json", "size": 30, "sha256": "b" * 64, "role": "config"}
@@ -98,6 +99,10 @@ def test_decimal_fractions_are_normalised_into_one_identity() -> None:
         ("./a.bin", "not normalised"),
         ("a\\b.bin", "backslash"),
         ("", "empty"),
+        ("model\n.bin", "control character"),
+        ("\x1b[31mred.bin", "control character"),
+        ("txt.\u202ebin", "control character"),
+        ("a\x85b.bin", "control character"),
     ],
 )
 def test_unsafe_paths_cannot_be_constructed(path: str, problem: str) -> None:
@@ -111,6 +116,42 @@ def test_duplicates_and_case_collisions_are_refused() -> None:
         ArtifactManifest.build(entries=[WEIGHTS, WEIGHTS])
     with pytest.raises(ManifestInvalid, match="case-insensitive"):
         ArtifactManifest.build(entries=[WEIGHTS, {**WEIGHTS, "path": "Model.safetensors"}])
+
+
+def test_unicode_normalisation_collisions_and_file_folder_clashes_are_refused() -> None:
+    composed, decomposed = "caf\u00e9.bin", "cafe\u0301.bin"  # one name on macOS, two bytes strings
+    with pytest.raises(ManifestInvalid, match="normalising"):
+        ArtifactManifest.build(entries=[{**WEIGHTS, "path": composed}, {**WEIGHTS, "path": decomposed}])
+    with pytest.raises(ManifestInvalid, match="'a' is a file and also a folder of 'a/b'"):
+        ArtifactManifest.build(entries=[{**WEIGHTS, "path": "a"}, {**WEIGHTS, "path": "a/b"}])
+    with pytest.raises(ManifestInvalid, match="is a file and also a folder"):
+        ArtifactManifest.build(entries=[{**WEIGHTS, "path": "A"}, {**WEIGHTS, "path": "a/b/c"}])
+    ArtifactManifest.build(entries=[{**WEIGHTS, "path": "a/b"}, {**WEIGHTS, "path": "a/c"}])
+
+
+def test_duplicate_json_keys_are_refused_naming_the_key() -> None:
+    text = artifact().canonical().replace(b'"kind":', b'"kind":"ArtifactManifest","kind":', 1)
+    with pytest.raises(DuplicateKey, match="duplicate JSON key 'kind'") as caught:
+        ArtifactManifest.from_json(text, source="manifest.json")
+    assert caught.value.where == "manifest.json" and caught.value.fix
+    nested = artifact().canonical().replace(b'"size":1000', b'"size":1,"size":1000')
+    with pytest.raises(DuplicateKey, match="'size'"):
+        ArtifactManifest.from_json(nested)
+
+
+@pytest.mark.parametrize("text", [b'{"a": NaN}', b'{"a": Infinity}', b'{"a": "\\ud800"}', b"\xff\xfe{", b"[" * 5000])
+def test_ambiguous_or_unencodable_json_is_a_typed_error(text: bytes) -> None:
+    with pytest.raises(ManifestInvalid):
+        ExecutionConfig.from_json(text)
+
+
+def test_canonical_reading_refuses_other_bytes_of_the_same_document() -> None:
+    manifest = artifact()
+    assert ArtifactManifest.from_canonical(manifest.canonical()) == manifest
+    for other in (manifest.model_dump_json(indent=1).encode(), manifest.canonical() + b"\n"):
+        assert ArtifactManifest.from_json(other) == manifest  # the same document...
+        with pytest.raises(NotCanonical):  # ...but not the bytes its digest names
+            ArtifactManifest.from_canonical(other)
 
 
 def test_malformed_json_names_the_field() -> None:

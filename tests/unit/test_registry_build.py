@@ -108,3 +108,28 @@ def test_symlinked_directories_and_fifos_are_refused(tmp_path: Path) -> None:
         list_files(model)
     with pytest.raises(UnsafePath, match="not a regular file"):
         hash_file(model / "pipe")  # refused at once, not blocked waiting for a writer
+
+
+@pytest.mark.parametrize(
+    ("names", "problem"),
+    [
+        (["caf\u00e9.json", "cafe\u0301.json"], "normalising"),  # two files on Linux, one on macOS
+        (["weights\n.bin"], "control character"),
+        (["Model.bin", "model.bin"], "case-insensitive"),
+    ],
+)
+def test_folders_with_ambiguous_names_are_refused(tmp_path: Path, names: list[str], problem: str) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in names:
+        (model / name).write_text("x")
+    with pytest.raises(UnsafePath, match=problem):
+        build_manifest(model)
+
+
+def test_a_single_file_is_an_artifact_of_one_entry(tmp_path: Path) -> None:
+    (tmp_path / "model.gguf").write_bytes(b"GGUF" + bytes(100))
+    (tmp_path / "unrelated.txt").write_text("beside it, not part of it")
+    manifest = build_manifest(tmp_path / "model.gguf")
+    assert [(entry.path, entry.size, entry.role) for entry in manifest.entries] == [("model.gguf", 104, Role.WEIGHTS)]
+    assert list_files(tmp_path / "model.gguf") == ("model.gguf",)
