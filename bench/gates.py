@@ -10,6 +10,13 @@ latency for a stable and a candidate arm, looks after every batch of 100 request
   analysis that polls a threshold every interval does);
 - fixed: one z-test at 2,000 per arm (Bonferroni across slices), looking once.
 
+Paired (shadow) figures: both revisions answer the same prompts, so each request gives a pair of
+0/1 outcomes with the given marginals and a given probability that the two agree. Looking after
+every batch of 50 pairs up to 600, on the same simulated pairs: the paired gate's own statistic
+(evaluation.paired, discordant pairs, alpha spending, Bonferroni across slices), the two-sample
+gate's statistic on the same answers (as if the pairing were unknown), and the naive and fixed
+versions of the paired z-test.
+
 Writes bench/results/gates.json.
 """
 
@@ -30,7 +37,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation import sequential
+from evaluation import paired, sequential
 
 ALPHA = 0.05
 HORIZON = 2000
@@ -40,6 +47,8 @@ MARGIN = 0.02  # the default policy's quality margin
 LATENCY_MARGIN = math.log1p(0.10)
 LATENCY_SIGMA = 0.5  # standard deviation of log latency within one request class
 SEED = 20261129
+PAIRED_HORIZON = 600
+PAIRED_BATCH = 50
 
 
 def cumulative_successes(
@@ -98,6 +107,76 @@ def latency_detection_samples(
     return np.where(code == sequential.WORSE, idx[np.maximum(first, 0)], np.inf).astype(float)
 
 
+def cell_probabilities(p_stable: float, p_candidate: float, agree: float) -> NDArray[np.float64]:
+    """P(both right), P(candidate lost), P(candidate won), P(both wrong) for the given marginals and agreement."""
+    lost = (1.0 - agree + p_stable - p_candidate) / 2.0
+    won = (1.0 - agree - p_stable + p_candidate) / 2.0
+    cells = np.array([p_stable - lost, lost, won, 1.0 - p_stable - won], dtype=float)
+    if (cells < -1e-12).any():
+        raise ValueError(f"no joint distribution has marginals {p_stable}, {p_candidate} and agreement {agree}")
+    clipped: NDArray[np.float64] = np.clip(cells, 0.0, 1.0)
+    return clipped
+
+
+def paired_counts(rng: np.random.Generator, sims: int, cells: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Cumulative pair counts per cell at each look, shape (sims, slices, looks, 4)."""
+    looks = PAIRED_HORIZON // PAIRED_BATCH
+    per_slice = [rng.multinomial(PAIRED_BATCH, c, size=(sims, looks)) for c in cells]
+    return np.cumsum(np.stack(per_slice, axis=1), axis=2).astype(float)
+
+
+def paired_decisions(
+    rng: np.random.Generator, sims: int, p_stable: NDArray[np.float64], p_cand: NDArray[np.float64], agree: float
+) -> dict[str, NDArray[np.bool_]]:
+    """Per system, whether any slice was declared worse (``within`` for the false-pass figure); shape (sims,)."""
+    cells = np.array([cell_probabilities(s, c, agree) for s, c in zip(p_stable, p_cand, strict=True)])
+    counts = paired_counts(rng, sims, cells)
+    both, lost, won = counts[..., 0], counts[..., 1], counts[..., 2]
+    n = np.arange(1, PAIRED_HORIZON // PAIRED_BATCH + 1, dtype=float) * PAIRED_BATCH
+    per_slice_alpha = ALPHA / p_stable.size
+    bounds = np.array(paired.LookPlan(per_slice_alpha, PAIRED_HORIZON, PAIRED_BATCH).bounds())
+    z_worse, z_within = paired.quality_z(lost, won, n, MARGIN)
+    code, _ = paired.score_verdicts(z_worse, z_within, bounds)
+    u_estimate, u_se = proportion_gap(both + lost, both + won, n)  # the same answers, pairing ignored
+    u_code, _ = sequential.verdicts(u_estimate, u_se, bounds, MARGIN)
+    z = z_worse
+    return {
+        "paired": (code == sequential.WORSE).any(axis=-1),
+        "paired_within": (code == sequential.WITHIN).any(axis=-1),
+        "unpaired": (u_code == sequential.WORSE).any(axis=-1),
+        "naive": (z >= stats.norm.isf(ALPHA)).any(axis=-1).any(axis=-1),
+        "fixed": (z[..., -1] >= stats.norm.isf(per_slice_alpha)).any(axis=-1),
+    }
+
+
+def paired_figures(rng: np.random.Generator, sims: int) -> dict[str, dict[str, float]]:
+    """The paired figures, each beside the naive and fixed paired tests and the two-sample test."""
+    one, drop = np.array([0.90]), np.array([0.87])
+    at_95 = paired_decisions(rng, sims, one, drop, 0.95)
+    at_90 = paired_decisions(rng, sims, one, drop, 0.90)
+    null_12 = np.linspace(0.60, 0.95, SLICES)
+    fwer = paired_decisions(rng, sims, null_12, null_12, 0.95)
+    fwer_90 = paired_decisions(rng, sims, null_12, null_12, 0.90)
+    at_margin = paired_decisions(rng, sims, one, one - MARGIN, 0.95)
+
+    def row(result: dict[str, NDArray[np.bool_]], key: str = "paired") -> dict[str, float]:
+        return {
+            "revgate": float(result[key].mean()),
+            "naive": float(result["naive"].mean()),
+            "fixed": float(result["fixed"].mean()),
+        }
+
+    return {
+        "paired_power_3pt_drop_600": row(at_95),
+        "paired_power_3pt_drop_600_agree_90": row(at_90),
+        "unpaired_power_3pt_drop_600": {"revgate": float(at_95["unpaired"].mean())},
+        "unpaired_power_3pt_drop_600_agree_90": {"revgate": float(at_90["unpaired"].mean())},
+        "paired_fwer_12_slices": row(fwer),
+        "paired_fwer_12_slices_agree_90": row(fwer_90),
+        "paired_false_pass_at_margin": {"revgate": float(at_margin["paired_within"].mean())},
+    }
+
+
 def run() -> dict[str, object]:
     """Every figure, side by side."""
     rng = np.random.default_rng(SEED)
@@ -114,6 +193,7 @@ def run() -> dict[str, object]:
     shift = latency_detection_samples(rng, 4000, math.log(1.2), LATENCY_SIGMA, latency_alpha)
     shift_wide = latency_detection_samples(rng, 4000, math.log(1.2), 2 * LATENCY_SIGMA, latency_alpha)
     systems = ("revgate", "naive", "fixed")
+    paired_rows = paired_figures(rng, sims)
     return {
         "fwer_12_slices": {s: float(fwer[s].mean()) for s in systems},
         "type1_one_slice": {s: float(type1[s].mean()) for s in systems},
@@ -122,6 +202,7 @@ def run() -> dict[str, object]:
         "latency_shift_median_samples": {"revgate": float(np.median(shift))},
         "latency_shift_detected_by_2000": {"revgate": float(np.isfinite(shift).mean())},
         "latency_shift_median_samples_sigma_1": {"revgate": float(np.median(shift_wide))},
+        **paired_rows,
         "settings": {
             "alpha": ALPHA,
             "horizon_per_arm": HORIZON,
@@ -132,6 +213,9 @@ def run() -> dict[str, object]:
             "latency_alpha": latency_alpha,
             "quality_simulations": sims,
             "latency_simulations": 4000,
+            "paired_horizon_pairs": PAIRED_HORIZON,
+            "paired_look_every": PAIRED_BATCH,
+            "paired_simulations": sims,
             "seed": SEED,
         },
     }
@@ -142,12 +226,12 @@ def main() -> None:
     started = time.perf_counter()
     figures = run()
     elapsed = time.perf_counter() - started
-    print(f"{'figure':42} {'revgate':>9} {'naive':>9} {'fixed':>9}")
+    print(f"{'figure':44} {'revgate':>9} {'naive':>9} {'fixed':>9}")
     for name, row in figures.items():
         if name == "settings" or not isinstance(row, dict):
             continue
         cells = [f"{row[s]:9.4g}" if s in row else f"{'-':>9}" for s in ("revgate", "naive", "fixed")]
-        print(f"{name:42} {' '.join(cells)}")
+        print(f"{name:44} {' '.join(cells)}")
     print(f"({elapsed:.1f} s)")
     result = {
         **figures,

@@ -270,9 +270,17 @@ class QualityGate:
         return SliceResult(slice=name, outcome=outcome, reason=reason, numbers=numbers)
 
 
-def _slice_outcome(
-    decision: sequential.SequentialDecision, samples: int, minimum: int, must_decide: bool
-) -> tuple[Outcome, str]:
+class Verdict(Protocol):
+    """A sequential decision as the outcome rules read it."""
+
+    @property
+    def verdict(self) -> str: ...
+
+    @property
+    def decided_at(self) -> int | None: ...
+
+
+def _slice_outcome(decision: Verdict, samples: int, minimum: int, must_decide: bool) -> tuple[Outcome, str]:
     if decision.verdict == "worse":
         return "fail", f"worse than stable at look n={decision.decided_at}"
     if samples < minimum:
@@ -418,22 +426,21 @@ def quality_cells(
     return cells
 
 
-def paired_numbers(decision: sequential.SequentialDecision, differences: NDArray[np.float64]) -> dict[str, str]:
-    """Pairs, discordant pairs, and the deciding (or last) look's estimate, interval and boundary."""
+def paired_numbers(decision: paired.QualityDecision, differences: NDArray[np.float64]) -> dict[str, str]:
+    """Pairs, discordant pairs, and the deciding (or last) look's estimate, z statistics and boundary."""
     numbers = {
         "pairs": str(differences.size),
         "candidate_lost": str(int((differences > 0).sum())),
         "candidate_won": str(int((differences < 0).sum())),
         "looks": str(len(decision.looks)),
     }
-    if decision.looks:
-        last = next((lk for lk in decision.looks if lk.samples == decision.decided_at), decision.looks[-1])
+    if (look := decision.deciding()) is not None:
         numbers |= {
-            "look_pairs": str(last.samples),
-            "estimate": fmt(last.estimate),
-            "lower": fmt(last.lower()),
-            "upper": fmt(last.upper()),
-            "boundary_z": fmt(last.boundary, 3),
+            "look_pairs": str(look.pairs),
+            "estimate": fmt(look.estimate),
+            "z_worse": fmt(look.z_worse, 3),
+            "z_within": fmt(look.z_within, 3),
+            "boundary_z": fmt(look.boundary, 3),
         }
     return numbers
 
@@ -490,8 +497,9 @@ class PairedQualityGate:
 
     def _cell(self, grader: str, name: str, values: list[float], alpha: float, final: bool) -> SliceResult:
         differences = np.array(values, dtype=float)
-        looks = paired.paired_looks(differences, _plan(self.settings, alpha))
-        decision = paired.decide_quality(looks, float(self.settings.quality_margin))
+        decision = paired.quality_decision(
+            differences, _plan(self.settings, alpha), float(self.settings.quality_margin)
+        )
         must_decide = final and name in self.policy.critical_slices
         outcome, reason = _slice_outcome(decision, differences.size, self.policy.min_samples_per_slice, must_decide)
         return SliceResult(
@@ -544,7 +552,7 @@ class PairedLatencyGate:
 
     def _slice(self, name: str, values: list[float], alpha: float) -> SliceResult:
         differences = np.array(values, dtype=float)
-        looks = paired.paired_looks(differences, _plan(self.settings, alpha), latency=True)
+        looks = paired.latency_looks(differences, _plan(self.settings, alpha))
         tolerance = math.log1p(float(self.settings.latency_margin))
         decision = paired.decide_tolerance(looks, tolerance)
         outcome, reason = _slice_outcome(decision, differences.size, self.policy.min_samples_per_slice, False)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from scipy import optimize
 
 from evaluation import paired
 from evaluation.gates import Evidence, PairedLatencyGate, PairedQualityGate, QualityGate, gates_from_policy
@@ -80,12 +81,26 @@ def settings(p: GatePolicy) -> PairedPolicy:
     return p.paired
 
 
-def test_the_quality_gap_is_mcnemars_comparison_with_agresti_min_pseudo_counts() -> None:
-    d = np.array([1.0] * 24 + [-1.0] * 6 + [0.0] * 570)
-    estimate, se = paired.quality_gap(np.array([d.sum()]), np.array([(d * d).sum()]), np.array([600.0]))
-    b, c, n = 24.5, 6.5, 602.0
-    assert estimate[0] == pytest.approx((b - c) / n)
-    assert se[0] == pytest.approx(math.sqrt(b + c - (b - c) ** 2 / n) / n)
+def test_the_worse_statistic_is_mcnemars_on_the_discordant_pairs() -> None:
+    lost, won, n = np.array([24.0, 3.0, 0.0]), np.array([6.0, 3.0, 0.0]), np.array([600.0, 50.0, 50.0])
+    z_worse, _ = paired.quality_z(lost, won, n, 0.02)
+    assert z_worse == pytest.approx([18 / math.sqrt(30), 0.0, 0.0])
+
+
+@pytest.mark.parametrize(("lost", "won", "n", "delta"), [(24, 6, 600, 0.02), (3, 9, 100, 0.05), (0, 0, 50, 0.02)])
+def test_the_within_statistic_uses_the_restricted_maximum_likelihood_under_the_margin(
+    lost: int, won: int, n: int, delta: float
+) -> None:
+    def negative_log_likelihood(x: float) -> float:
+        rest = n - lost - won
+        return -(lost * math.log(x + delta) + (won * math.log(x) if won else 0.0) + rest * math.log(1 - 2 * x - delta))
+
+    best = optimize.minimize_scalar(negative_log_likelihood, bounds=(1e-12, (1 - delta) / 2 - 1e-9), method="bounded")
+    found = paired.restricted_won(np.array([float(lost)]), np.array([float(won)]), np.array([float(n)]), delta)[0]
+    assert found == pytest.approx(best.x, abs=1e-5)
+    _, z_within = paired.quality_z(np.array([float(lost)]), np.array([float(won)]), np.array([float(n)]), delta)
+    variance = 2 * found + delta - delta**2
+    assert z_within[0] == pytest.approx((delta - (lost - won) / n) / math.sqrt(variance / n))
 
 
 def test_a_three_point_drop_is_caught_paired_far_more_often_than_two_sample_on_the_same_answers() -> None:
