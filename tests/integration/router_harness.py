@@ -209,9 +209,9 @@ class RouterProcess:
 
 @contextlib.contextmanager
 def router_process(
-    folder: Path, route: str, first: RouteSnapshot, *, poll_interval: float = 0.2
+    folder: Path, route: str, first: RouteSnapshot, *, poll_interval: float = 0.2, extra: tuple[str, ...] = ()
 ) -> Iterator[RouterProcess]:
-    """Start ``revgate router`` on free ports over a file store holding ``first``."""
+    """Start ``revgate router`` on free ports over a file store holding ``first`` (``extra``: more flags)."""
     store = FileRouteStore(folder / "routes")
     store.write(first)
     token = secrets.token_hex(16)
@@ -222,7 +222,7 @@ def router_process(
     command = [sys.executable, "-m", "cli.main", "router", "--routes", str(folder / "routes"), "--route", route,
                "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin_port),
                "--admin-token-file", str(folder / "token"), "--records", str(records),
-               "--paired-records", str(paired), "--poll-interval", str(poll_interval)]
+               "--paired-records", str(paired), "--poll-interval", str(poll_interval), *extra]
     log = (folder / "router.log").open("wb")
     process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
