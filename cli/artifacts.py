@@ -89,13 +89,14 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
     _outside(args.dir, args.output)
     manifest = _pinned_or_built(args)
-    name = args.dir.resolve().name
+    name, single_file = args.dir.resolve().name, args.dir.is_file()
     if args.cert is not None:
-        sign_with_certificate(manifest, args.output, args.key, args.cert, args.chain or [], model_name=name)
+        sign_with_certificate(manifest, args.output, args.key, args.cert, args.chain or [], model_name=name,
+                              single_file=single_file)
     elif args.chain:
         raise ManifestInvalid("--chain needs --cert", where="--chain", fix="Pass the signing certificate with --cert.")
     else:
-        sign_with_key(manifest, args.output, args.key, model_name=name)
+        sign_with_key(manifest, args.output, args.key, model_name=name, single_file=single_file)
     print(manifest.digest)
     return 0
 
@@ -166,7 +167,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _register_manifest(subparsers: argparse._SubParsersAction[Any]) -> None:
     manifest = subparsers.add_parser("manifest", help="artifact manifests")
     commands = manifest.add_subparsers(dest="manifest_command", required=True)
-    build = commands.add_parser("build", help="hash a model folder into an artifact manifest")
+    build = commands.add_parser("build", help="hash a model folder (or one model file) into an artifact manifest")
     build.add_argument("dir", type=Path)
     build.add_argument("-o", "--output", type=Path, required=True)
     build.add_argument("--base", help="base artifact digest that adapter files bind to")
@@ -175,7 +176,7 @@ def _register_manifest(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _register_sign_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
-    sign = subparsers.add_parser("sign", help="sign a model folder (OpenSSF model-signing format)")
+    sign = subparsers.add_parser("sign", help="sign a model folder or file (OpenSSF model-signing format)")
     sign.add_argument("dir", type=Path)
     sign.add_argument("--key", type=Path, required=True, help="PEM EC private key")
     sign.add_argument("--cert", type=Path, help="signing certificate for the key")
@@ -185,7 +186,7 @@ def _register_sign_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
     _common(sign)
     sign.set_defaults(func=cmd_sign)
 
-    verify = subparsers.add_parser("verify", help="verify a model folder against its signature and a trust policy")
+    verify = subparsers.add_parser("verify", help="verify a model folder or file against its signature")
     verify.add_argument("dir", type=Path)
     verify.add_argument("--signature", type=Path, required=True)
     verify.add_argument("--key", type=Path, help="PEM public key")
@@ -198,7 +199,7 @@ def _register_sign_verify(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _register_transfer(subparsers: argparse._SubParsersAction[Any]) -> None:
-    push = subparsers.add_parser("push", help="publish a model folder to a write-once artifact store")
+    push = subparsers.add_parser("push", help="publish a model folder or file to a write-once artifact store")
     push.add_argument("dir", type=Path)
     push.add_argument("store", help="folder, file:///path or s3://bucket/prefix")
     push.add_argument("--signature", type=Path)

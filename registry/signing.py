@@ -84,13 +84,21 @@ class SignedFiles:
 # Signing
 
 
-def _model_signing_manifest(manifest: ArtifactManifest, model_name: str) -> Any:
+# model_signing names the one file of a single-file model "." (its path relative to itself).
+SINGLE_FILE = "."
+
+
+def _model_signing_manifest(manifest: ArtifactManifest, model_name: str, single_file: bool) -> Any:
     serialization = ms_manifest.SerializationType.from_args(
         {"method": "files", "hash_type": "sha256", "allow_symlinks": False}
     )
+    if single_file and len(manifest.entries) != 1:
+        raise SigningError(f"a single-file signature covers one file, the manifest pins {len(manifest.entries)}",
+                           where="manifest.entries", fix="Sign the artifact's folder instead.")
     items = [
         ms_manifest.FileManifestItem(
-            path=PurePosixPath(entry.path), digest=ms_hashing.Digest("sha256", bytes.fromhex(entry.sha256))
+            path=PurePosixPath(SINGLE_FILE if single_file else entry.path),
+            digest=ms_hashing.Digest("sha256", bytes.fromhex(entry.sha256)),
         )
         for entry in manifest.entries
     ]
@@ -109,8 +117,8 @@ def _write_atomically(output: Path, text: str) -> None:
         raise
 
 
-def _sign(manifest: ArtifactManifest, output: Path, signer: Any, model_name: str) -> None:
-    payload = ms_signing.Payload(_model_signing_manifest(manifest, model_name))
+def _sign(manifest: ArtifactManifest, output: Path, signer: Any, model_name: str, single_file: bool) -> None:
+    payload = ms_signing.Payload(_model_signing_manifest(manifest, model_name, single_file))
     bundle = signer.sign(payload).bundle
     _write_atomically(output, bundle.to_json())
 
@@ -128,25 +136,29 @@ def _load_signer(factory: Any, *args: Any) -> Any:
 
 def sign_with_key(
     manifest: ArtifactManifest, output: Path, private_key: Path, *, password: str | None = None,
-    model_name: str = "model",
+    model_name: str = "model", single_file: bool = False,
 ) -> None:
-    """Sign the manifest's files with an EC private key; writes a Sigstore bundle to ``output``."""
-    _sign(manifest, output, _load_signer(sign_ec_key.Signer, private_key, password), model_name)
+    """Sign the manifest's files with an EC private key; writes a Sigstore bundle to ``output``.
+
+    ``single_file`` signs a one-file artifact the way model_signing signs a file given on its own.
+    """
+    _sign(manifest, output, _load_signer(sign_ec_key.Signer, private_key, password), model_name, single_file)
 
 
 def sign_with_certificate(
     manifest: ArtifactManifest, output: Path, private_key: Path, certificate: Path, chain: Iterable[Path],
-    *, model_name: str = "model",
+    *, model_name: str = "model", single_file: bool = False,
 ) -> None:
     """Sign with a private key and its certificate; the chain is embedded for the verifier."""
     signer = _load_signer(sign_certificate.Signer, private_key, certificate, list(chain))
-    _sign(manifest, output, signer, model_name)
+    _sign(manifest, output, signer, model_name, single_file)
 
 
-def sign_keyless(manifest: ArtifactManifest, output: Path, *, identity_token: str, model_name: str = "model") -> None:
+def sign_keyless(manifest: ArtifactManifest, output: Path, *, identity_token: str, model_name: str = "model",
+                 single_file: bool = False) -> None:
     """Sign keyless with Sigstore's public instance (needs the network and an OIDC token)."""
     signer = sign_sigstore.Signer(identity_token=identity_token, use_ambient_credentials=False)
-    _sign(manifest, output, signer, model_name)
+    _sign(manifest, output, signer, model_name, single_file)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,8 +273,11 @@ def _signed_paths(signed: Any, where: Path) -> dict[str, str]:
     method = signed.serialization_type
     if method.get("method") != "files" or method.get("hash_type") != "sha256":
         raise _invalid(where, f"unsupported serialization {method}; re-sign with sha256 per file")
+    descriptors = list(signed.resource_descriptors())
+    if [descriptor.identifier for descriptor in descriptors] == [SINGLE_FILE]:
+        return {SINGLE_FILE: descriptors[0].digest.digest_hex}  # a single-file model
     files: dict[str, str] = {}
-    for descriptor in signed.resource_descriptors():
+    for descriptor in descriptors:
         problem = path_problem(descriptor.identifier)
         if problem:
             raise UnsafePath(f"signature lists an unsafe path: {problem}", where=descriptor.identifier,

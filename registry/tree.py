@@ -6,6 +6,7 @@ import os
 import stat
 from pathlib import Path
 
+from manifests.artifact import ArtifactManifest, Role
 from manifests.paths import collision_problem, path_problem
 from registry.errors import UnsafePath
 
@@ -66,3 +67,10 @@ def list_files(root: Path) -> tuple[str, ...]:
     if collision:
         raise UnsafePath(collision, where=str(root), fix="Rename one of the files.")
     return tuple(sorted(found))
+
+
+def served_path(folder: Path, manifest: ArtifactManifest) -> Path:
+    """What the engine loads from a pulled artifact: the one weights file of a single-file artifact, else the folder."""
+    entries = manifest.entries
+    single = len(entries) == 1 and "/" not in entries[0].path and entries[0].role is Role.WEIGHTS
+    return folder / entries[0].path if single else folder

@@ -8,14 +8,14 @@ VerificationError and returns nothing, so nothing can be loaded from a failed ch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from manifests.artifact import ArtifactManifest
 from registry.errors import DigestMismatch, ManifestMismatch, MissingFile, UnexpectedFile
 from registry.hashing import Progress, hash_tree
-from registry.signing import Policy, read_signed_files
+from registry.signing import SINGLE_FILE, Policy, read_signed_files
 from registry.tree import artifact_root, list_files
 
 
@@ -41,6 +41,16 @@ def signature_disagreement(signed: Mapping[str, str], manifest: ArtifactManifest
     problems += [f"digest differs: {path}" for path in sorted(signed.keys() & pinned.keys())
                  if signed[path] != pinned[path]]
     return "; ".join(problems) or None
+
+
+def as_artifact_paths(signed: Mapping[str, str], names: Collection[str], signature: Path) -> Mapping[str, str]:
+    """The signed files by artifact path: a single-file signature ("." in model_signing) names the one file."""
+    if set(signed) != {SINGLE_FILE}:
+        return signed
+    if len(names) != 1:
+        raise ManifestMismatch(f"the signature covers a single file, the artifact has {len(names)} files",
+                               where=str(signature), fix="Use the signature made for this artifact.")
+    return {next(iter(names)): signed[SINGLE_FILE]}
 
 
 def check_file_set(on_disk: tuple[str, ...], expected: Mapping[str, str]) -> None:
@@ -87,11 +97,14 @@ def verify_artifact(
 ) -> VerifiedArtifact:
     """Prove that ``model_dir`` is exactly the pinned ``manifest``, signed by a signer ``policy`` trusts.
 
-    Re-hashes the exact bytes on disk; refuses symlinks, extra and missing files. Raises a
+    ``model_dir`` is the artifact's folder, or its one file for a single-file artifact (a GGUF file,
+    say); a single-file signature (model_signing's ".") names that file. Re-hashes the exact bytes
+    on disk; refuses symlinks, extra and missing files. Raises a
     subclass of VerificationError naming the file or field and what to do.
     """
     signed = read_signed_files(signature, policy)
-    check_signature_matches(signed.files, manifest, signature)
+    files = as_artifact_paths(signed.files, [entry.path for entry in manifest.entries], signature)
+    check_signature_matches(files, manifest, signature)
     check_tree(model_dir, {entry.path: entry.sha256 for entry in manifest.entries}, workers=workers,
                progress=progress)
     return VerifiedArtifact(model_dir=model_dir, manifest=manifest, signer=signed.signer)
@@ -102,5 +115,6 @@ def verify_signed_folder(
 ) -> str:
     """Check ``model_dir`` against the signature alone (no pinned manifest); returns the signer."""
     signed = read_signed_files(signature, policy)
-    check_tree(model_dir, signed.files, workers=workers, progress=progress)
+    files = as_artifact_paths(signed.files, list_files(model_dir), signature)
+    check_tree(model_dir, files, workers=workers, progress=progress)
     return signed.signer

@@ -127,3 +127,52 @@ def test_push_and_pull_local_store(tmp_path: Path, capsys: pytest.CaptureFixture
     digest = _digest_printed(capsys)
     assert main(["pull", digest, str(store), str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+
+
+def _gguf(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + os.urandom(40_000))
+    return path
+
+
+def test_a_single_file_signed_by_model_signing_verifies_and_travels(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    model = _gguf(tmp_path / "models" / "tiny.gguf")
+    keys, _ = write_key(tmp_path / "keys", "release")
+    signature, manifest = tmp_path / "tiny.sig", tmp_path / "tiny.manifest.json"
+    made = _model_signing("sign", "key", "--private_key", str(keys.private), "--signature", str(signature), str(model))
+    assert made.returncode == 0, made.stderr
+    assert main(["verify", str(model), "--signature", str(signature), "--key", str(keys.public)]) == 0
+    assert main(["manifest", "build", str(model), "-o", str(manifest)]) == 0
+    digest = _digest_printed(capsys)
+    assert [entry["path"] for entry in json.loads(manifest.read_text())["entries"]] == ["tiny.gguf"]
+    assert main(["verify", str(model), "--signature", str(signature), "--key", str(keys.public),
+                 "--manifest", str(manifest)]) == 0
+    assert digest in capsys.readouterr().out
+
+    store = tmp_path / "store"
+    assert main(["push", str(model), str(store), "--signature", str(signature), "--manifest", str(manifest)]) == 0
+    assert _digest_printed(capsys) == digest
+    dest, pulled_signature = tmp_path / "cache" / "tiny", tmp_path / "cache" / "tiny.sig"
+    assert main(["pull", digest, str(store), str(dest), "--signature-out", str(pulled_signature)]) == 0
+    assert (dest / "tiny.gguf").read_bytes() == model.read_bytes()
+    for pulled in (dest / "tiny.gguf", dest):  # the file itself, or the folder it was pulled into
+        assert main(["verify", str(pulled), "--signature", str(pulled_signature), "--key", str(keys.public),
+                     "--manifest", str(manifest)]) == 0
+
+    model.write_bytes(model.read_bytes()[:-1] + b"\x00")
+    assert main(["verify", str(model), "--signature", str(signature), "--key", str(keys.public)]) == 2
+    assert "DigestMismatch" in capsys.readouterr().err
+
+
+def test_revgate_signs_a_single_file_the_way_model_signing_verifies_it(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    model = _gguf(tmp_path / "tiny.gguf")
+    keys, _ = write_key(tmp_path / "keys", "release")
+    ours = tmp_path / "ours.sig"
+    assert main(["sign", str(model), "--key", str(keys.private), "-o", str(ours)]) == 0
+    checked = _model_signing("verify", "key", "--public_key", str(keys.public), "--signature", str(ours), str(model))
+    assert checked.returncode == 0, checked.stderr
+    folder = _model(tmp_path / "folder")
+    assert main(["verify", str(folder), "--signature", str(ours), "--key", str(keys.public)]) == 2
+    assert "covers a single file, the artifact has 3 files" in capsys.readouterr().err

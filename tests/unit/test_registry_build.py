@@ -14,7 +14,7 @@ from manifests.errors import ManifestInvalid
 from registry.build import build_manifest, entries_for, role_for
 from registry.errors import UnsafePath
 from registry.hashing import FileDigest, hash_file, hash_tree
-from registry.tree import list_files
+from registry.tree import list_files, served_path
 
 BASE = "sha256:" + "ab" * 32
 
@@ -133,3 +133,11 @@ def test_a_single_file_is_an_artifact_of_one_entry(tmp_path: Path) -> None:
     manifest = build_manifest(tmp_path / "model.gguf")
     assert [(entry.path, entry.size, entry.role) for entry in manifest.entries] == [("model.gguf", 104, Role.WEIGHTS)]
     assert list_files(tmp_path / "model.gguf") == ("model.gguf",)
+
+
+def test_the_engine_loads_a_single_file_artifact_by_its_file(tmp_path: Path) -> None:
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    single = build_manifest(tmp_path / "model.gguf")
+    assert served_path(tmp_path, single) == tmp_path / "model.gguf"
+    folder = _folder(tmp_path / "hf")
+    assert served_path(folder, build_manifest(folder)) == folder
