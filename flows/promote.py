@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -26,6 +28,7 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.runtime import flow_run
 
 from evaluation.gates import gates_from_policy, judge
 from evaluation.records import RequestRecord
@@ -181,9 +184,9 @@ class Promotion:
         self.latest_report = "No gate report yet."
 
     def wait(self, seconds: float) -> None:
-        """Sleep, cut short (with RouteTakenOver) as soon as another writer takes the route."""
-        if self.owner.lost_event.wait(seconds):
-            self.owner.check()
+        """Sleep, cut short as soon as another writer takes the route (RouteTakenOver) or the run is cancelled."""
+        if self.owner.wake.wait(seconds):
+            self.owner.stop_if_ended()
 
     def apply_route(self) -> None:
         """Commit the route this state asks for, fenced on the rollout's own last write.
@@ -302,6 +305,7 @@ class Promotion:
         """Walk the plan to a terminal state, committing each route change as it is asked for."""
         self.apply_route()
         while self.state.status not in TERMINAL:
+            self.owner.stop_if_ended()
             if self.state.status == "paused":
                 self.state = self.decide_paused()
             else:
@@ -345,6 +349,21 @@ class Promotion:
 
     def _reverted(self, current: RouteSnapshot) -> RouteSnapshot:
         return revert_to(current, self.before, by=self.spec.created_by, now=datetime.now(UTC))
+
+
+def run_cancelled() -> Callable[[], bool] | None:
+    """Whether this flow run was cancelled (None outside a flow run): a run started in-process has no
+    runner to kill it, so the heartbeat asks the API."""
+    run_id = flow_run.get_id()
+    if run_id is None:
+        return None
+
+    def cancelled() -> bool:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(run_id)).state
+        return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+    return cancelled
 
 
 def hold_route_lock(spec: PromotionSpec) -> ExitStack:
@@ -423,7 +442,7 @@ class Rollout:
         ledger.log_step(run, "isolated-check", "pass", isolated_task(view))
         driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(view, revision))
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
-                                   period_s=spec.plan.renew_every_s, by=spec.created_by)
+                                   period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled())
         self.heartbeat.__enter__()
         if driver.run_plan().status != "promoted":
             return

@@ -9,6 +9,7 @@ dies the leases run out and the routers send new requests to stable by themselve
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -35,6 +36,10 @@ class RouteTakenOver(RevgateError):
         self.taken = taken
 
 
+class RolloutCancelled(RevgateError):
+    """The rollout's flow run was cancelled (the Prefect UI's Cancel): traffic goes back to stable."""
+
+
 class RouteOwner:
     """The generation this rollout last wrote, and the one door through which it writes."""
 
@@ -43,7 +48,22 @@ class RouteOwner:
         self.generation = generation
         self.lost: Takeover | None = None
         self.lost_event = threading.Event()  # set once another writer took the route
+        self.cancelled = threading.Event()  # set once the flow run was cancelled
+        self.wake = threading.Event()  # either of the two: a waiting flow stops waiting
         self._lock = threading.Lock()  # the heartbeat and the flow write one at a time
+
+    def cancel(self) -> None:
+        """Mark the rollout cancelled; the flow notices at its next wait or step."""
+        self.cancelled.set()
+        self.wake.set()
+
+    def stop_if_ended(self) -> None:
+        """RouteTakenOver or RolloutCancelled once either happened; nothing while the rollout goes on."""
+        if self.lost is not None or self.lost_event.is_set():
+            self.check()
+        if self.cancelled.is_set():
+            raise RolloutCancelled(f"the rollout of route {self.spec.route!r} was cancelled", where="flow run",
+                                   fix="Start a new rollout when the candidate should go on.")
 
     def read(self) -> RouteSnapshot:
         """The committed route."""
@@ -77,6 +97,7 @@ class RouteOwner:
         if taken is not None:
             self.lost = taken
             self.lost_event.set()
+            self.wake.set()
             raise RouteTakenOver(taken, self.spec.route)
         return current
 
@@ -88,11 +109,16 @@ class Heartbeat:
     the routers revert to stable within one lease.
     """
 
-    def __init__(self, owner: RouteOwner, *, lease_seconds: int, period_s: float, by: str) -> None:
+    def __init__(self, owner: RouteOwner, *, lease_seconds: int, period_s: float, by: str,
+                 cancelled: Callable[[], bool] | None = None) -> None:
         self.owner, self.lease_seconds, self.period_s, self.by = owner, lease_seconds, period_s, by
+        self.cancelled = cancelled  # asked once per beat: was the flow run cancelled?
         self.renewals = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="revgate-lease-heartbeat", daemon=True)
+        # A copy of the caller's context: Prefect's settings and run context travel with it.
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._run,), name="revgate-lease-heartbeat",
+                                        daemon=True)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -120,6 +146,9 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             try:
+                if self.cancelled is not None and not self.owner.cancelled.is_set() and self.cancelled():
+                    log.warning("flow run cancelled: the rollout stops")
+                    self.owner.cancel()
                 self.beat()
             except RouteTakenOver as taken:
                 log.warning("lease heartbeat stops: %s", taken)

@@ -88,3 +88,51 @@ def test_a_bake_ends_at_once_when_another_writer_takes_the_route(tmp_path: Path)
             driver.step_once()
         assert time.monotonic() - started < 30  # the 600 s bake did not run out
     assert [s.created_by for s in store.history("baking")] == ["seed", "someone with route set"]
+
+
+@pytest.mark.servers
+@pytest.mark.timeout(300)
+def test_a_bake_ends_at_once_when_the_flow_run_is_cancelled(prefect_api: str, tmp_path: Path) -> None:
+    """Cancel in the Prefect UI: a run started in-process has no runner to kill it; the heartbeat asks."""
+    import contextvars
+    import threading
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+    from prefect.states import Cancelling
+
+    from flows.promote import Promotion, run_cancelled
+    from flows.route_owner import RolloutCancelled
+
+    plan = RolloutPlan.build(steps=[Bake(seconds=600), SetWeight(weight_ppm=100_000)], lease_seconds=10,
+                             lease_renew_seconds=1)
+    spec = fenced_spec(tmp_path, "cancelled", plan)
+    seeded(tmp_path, "cancelled")
+    run_ids: list[str] = []
+    outcome: list[str] = []
+
+    @flow(name="cancel-probe")
+    def probe() -> None:
+        run_ids.append(str(flow_run.get_id()))
+        driver = Promotion(spec, None, None, CANDIDATE)  # type: ignore[arg-type]  # a bake touches no evidence
+        with Heartbeat(driver.owner, lease_seconds=10, period_s=1, by="flow", cancelled=run_cancelled()):
+            try:
+                driver.step_once()
+            except RolloutCancelled as stopped:
+                outcome.append(str(stopped))
+
+    def operator() -> None:
+        wait_for(lambda: run_ids, 60)
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_ids[0], Cancelling(), force=True)
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(operator,))
+    thread.start()
+    started = time.monotonic()
+    try:
+        probe(return_state=True)
+    finally:
+        thread.join()
+    assert time.monotonic() - started < 120  # not the bake's 600 s
+    assert outcome and "was cancelled" in outcome[0]
