@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -67,3 +68,67 @@ def test_rollback_of_a_route_that_never_changed_fails_and_commits_nothing(file_s
     assert result.returncode == 2
     assert "NothingToRollBack" in result.stderr and "only ever served one revision" in result.stderr
     assert [snap.generation for snap in store.history("chat")] == [1]
+
+
+def admin_generation(admin_url: str, token: str) -> int:
+    """The generation a running router serves, from its admin port."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(  # noqa: S310 - local admin port
+        f"{admin_url}/admin/snapshot", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - local admin port
+        return int(json.loads(response.read())["generation"])
+
+
+@pytest.mark.servers
+def test_rollback_tells_the_routers_it_knows_and_the_others_poll_it_in(file_store: str, tmp_path: Path) -> None:
+    import sys
+    import time
+
+    from flows.processes import service, token_file
+    from serving.worker.engine import free_port
+
+    seed_history(file_store)
+    token = token_file(tmp_path / "token")
+    routers = []
+    with ExitStack() as running:
+        for name, poll_s in (("told", "60"), ("polling", "0.5")):  # the told one would not poll for a minute
+            port, admin = free_port(), free_port()
+            argv = [sys.executable, "-m", "cli.main", "router", "--routes", file_store, "--route", "chat",
+                    "--port", str(port), "--admin-port", str(admin), "--admin-token-file", str(token),
+                    "--poll-interval", poll_s]
+            running.enter_context(service(argv, f"http://127.0.0.1:{port}/health", tmp_path / f"{name}.log"))
+            routers.append(f"http://127.0.0.1:{admin}")
+        told, polling = routers
+        secret = token.read_text().strip()
+        assert admin_generation(told, secret) == 3 and admin_generation(polling, secret) == 3
+
+        unreachable = f"http://127.0.0.1:{free_port()}"
+        done = revgate("rollback", "--routes", file_store, "--route", "chat", "--created-by", "oncall",
+                       "--notify", told, "--notify", unreachable, "--admin-token-file", str(token))
+        assert done.returncode == 0, done.stderr  # a router that cannot be told does not undo the rollback
+        assert f"router {told}: serving generation 4" in done.stdout
+        assert f"router {unreachable}: not told" in done.stdout and "next poll" in done.stdout
+        assert admin_generation(told, secret) == 4  # at once, long before its next poll
+        deadline = time.monotonic() + 30
+        while admin_generation(polling, secret) != 4:  # the router nobody told reads it from the store
+            assert time.monotonic() < deadline, "the polling router never picked the rollback up"
+            time.sleep(0.2)
+
+
+def test_rollback_needs_neither_prefect_nor_mlflow(file_store: str) -> None:
+    import subprocess
+    import sys
+
+    seed_history(file_store)
+    program = ("import sys; from cli.main import main; code = main(sys.argv[1:]); "
+               "loaded = [m for m in ('prefect', 'mlflow') if m in sys.modules]; "
+               "print('loaded:', loaded); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", program, "rollback", "--routes", file_store, "--route", "chat",
+                           "--created-by", "oncall"], capture_output=True, text=True, check=False,
+                          env={"PATH": "", "PREFECT_API_URL": "http://127.0.0.1:9/api",
+                               "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert done.returncode == 0, done.stderr
+    assert "loaded: []" in done.stdout
+    assert open_route_store(file_store).read("chat").generation == 4  # type: ignore[union-attr]
