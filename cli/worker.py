@@ -21,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--engine-python", type=Path, default=None,
                         help="interpreter of the engine environment (default: $REVGATE_ENGINE_PYTHON or .venv-engine)")
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds a replica may take to load")
+    parser.add_argument("--stop-timeout", type=float, default=15.0,
+                        help="seconds a stopping engine gets after SIGTERM before it is killed (SIGKILL)")
     parser.set_defaults(func=run)
 
 
@@ -29,5 +31,6 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(serve_worker(
         host=args.host, port=args.port, cache=args.cache, token_file=args.token_file,
         device=args.device, engine_python=args.engine_python, startup_timeout_s=args.startup_timeout,
+        stop_timeout_s=args.stop_timeout,
     ))
     return 0

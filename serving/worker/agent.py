@@ -13,12 +13,17 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from manifests.errors import RevgateError
+from serving.worker.artifact import ArtifactPreparer, PreparedArtifact
+from serving.worker.drain import Admission
 from serving.worker.engine import (
+    ENGINE_HOST,
+    KILL_WAIT_S,
+    PORT_RELEASE_S,
     Device,
     EngineError,
     EngineProcess,
@@ -28,22 +33,33 @@ from serving.worker.engine import (
     port_is_open,
 )
 from serving.worker.engine import engine_python as default_engine_python
-from serving.worker.artifact import ArtifactPreparer, PreparedArtifact
-from serving.worker.drain import Admission
 from serving.worker.proxy import ReplicaProxy
 from serving.worker.request import ReplicaRequest
+from serving.worker.sealed import recheck, remove_tree
 from serving.worker.state import DrainReport, Failure, Replica, ReplicaState
 from serving.worker.warm import vocab_size, warm_up
 
 LOG = logging.getLogger("revgate.worker")
 LOG_TAIL_LINES = 20
 SUPERVISE_EVERY_S = 0.25
+DEFAULT_STOP_TIMEOUT_S = 15.0
+# Replicas of a digest in these states are still verifying or loading its files.
+VERIFYING = (ReplicaState.CREATED, ReplicaState.LOADING)
 
-Preparer = Callable[[ReplicaRequest, Path], PreparedArtifact]
+
+class Preparer(Protocol):
+    """Fetch and verify a request's artifact into a replica's own folder (see ArtifactPreparer)."""
+
+    def __call__(self, request: ReplicaRequest, cache: Path, into: Path | None = None) -> PreparedArtifact:
+        """The verified, read-only folder to load."""
 
 
 class UnknownReplica(RevgateError):
     """No replica with this id is known to this worker."""
+
+
+class SignaturePolicyConflict(RevgateError):
+    """A start asks for an artifact that a loading replica verifies under another signature policy."""
 
 
 class SupervisedEngine(EngineProcess):
@@ -90,6 +106,23 @@ def process_gone(pid: int | None) -> bool:
     return True
 
 
+def _discard(done: asyncio.Future[PreparedArtifact], folder: Path) -> None:
+    """A preparation nobody waits for any more: its outcome is dropped and its folder removed."""
+    if not done.cancelled():
+        done.exception()  # retrieved, so asyncio does not log it as lost
+    remove_tree(folder)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stopped:
+    """How an engine stop ended: port free, exit status, whether SIGKILL was needed, and why if not clean."""
+
+    port_released: bool = True
+    exit_code: int | None = None
+    killed: bool = False
+    reason: str = ""
+
+
 @dataclass
 class _Running:
     """The live parts of one replica: its engine, proxy, admission gate and background tasks."""
@@ -97,6 +130,7 @@ class _Running:
     request: ReplicaRequest
     admission: Admission
     log_path: Path
+    folder: Path  # the replica's own hard links to the verified files: what its engine loads
     engine: SupervisedEngine | None = None
     proxy: ReplicaProxy | None = None
     stopping: bool = False
@@ -115,6 +149,7 @@ class WorkerAgent:
         engine_python: Path | None = None,
         host: str = "127.0.0.1",
         startup_timeout_s: float = 300.0,
+        stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
         preparer: Preparer | None = None,
     ) -> None:
         self.cache = cache
@@ -122,6 +157,7 @@ class WorkerAgent:
         self.engine_python = engine_python
         self.host = host
         self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
         python = engine_python or default_engine_python()
         # The engine environment is <venv>/bin/python; its lock names the runtime this host offers.
         self.preparer = preparer or ArtifactPreparer(engine_venv=python.parent.parent, device=device)
@@ -129,6 +165,8 @@ class WorkerAgent:
         self._running: dict[str, _Running] = {}
         self._ids = itertools.count(1)
         (cache / "logs").mkdir(parents=True, exist_ok=True)
+        # Replica folders of an earlier agent on this cache: none of their replicas runs any more.
+        remove_tree(cache / "replicas")
 
     # ----- reading
 
@@ -165,15 +203,31 @@ class WorkerAgent:
         """Create a replica (state ``created``) and bring it up in the background; returns at once.
 
         Every start is a new identity: a failed or drained replica is never restarted under its id.
+        A start whose signature policy differs from that of a replica still verifying or loading
+        the same artifact is refused (:class:`SignaturePolicyConflict`) and changes nothing.
         """
+        self._check_policy(request)
         replica_id = f"{request.revision.short}-{next(self._ids)}"
         replica = Replica(replica_id=replica_id, revision=request.revision.fingerprint,
                           served_model=served_model_name(request))
         self._replicas[replica_id] = replica
-        running = _Running(request, Admission(replica_id), self.cache / "logs" / f"{replica_id}.log")
+        running = _Running(request, Admission(replica_id), self.cache / "logs" / f"{replica_id}.log",
+                           self.cache / "replicas" / replica_id)
         self._running[replica_id] = running
         running.tasks.append(asyncio.get_running_loop().create_task(self._bring_up(replica_id)))
         return replica
+
+    def _check_policy(self, request: ReplicaRequest) -> None:
+        for replica_id, running in self._running.items():
+            if (self._replicas[replica_id].state in VERIFYING
+                    and running.request.manifest_digest == request.manifest_digest
+                    and running.request.signature_policy != request.signature_policy):
+                raise SignaturePolicyConflict(
+                    f"replica {replica_id} is loading artifact {request.manifest_digest} under another "
+                    "signature policy; nothing was started",
+                    where="ReplicaRequest.signature_policy",
+                    fix="Start it with the same signature policy, or once that replica is ready or gone.",
+                )
 
     def _set(self, replica: Replica) -> Replica:
         previous = self._replicas.get(replica.replica_id)
@@ -200,7 +254,7 @@ class WorkerAgent:
     async def _load(self, replica_id: str, running: _Running) -> None:
         started = time.monotonic()
         self._set(self._replicas[replica_id].moved_to(ReplicaState.LOADING))
-        prepared = await asyncio.to_thread(self.preparer, running.request, self.cache)
+        prepared = await self._prepare(running)
         self._timed(replica_id, fetch_s=prepared.fetch_s, verify_s=prepared.verify_s)
         if running.stopping:
             return
@@ -213,19 +267,31 @@ class WorkerAgent:
         running.tasks.append(asyncio.get_running_loop().create_task(self._supervise(replica_id)))
         await asyncio.to_thread(engine.wait_healthy, self.startup_timeout_s)
         self._timed(replica_id, engine_start_s=time.monotonic() - engine_started, load_s=time.monotonic() - started)
+        # vLLM has read its files now: what it read is what was verified unless they moved since.
+        await asyncio.to_thread(recheck, prepared.model_dir, prepared.stamps)
         running.vocab = vocab_size(prepared.model_dir)
 
+    async def _prepare(self, running: _Running) -> PreparedArtifact:
+        """Verify into the replica's folder; a drain that cancels the wait still gets the folder removed."""
+        folder = running.folder
+        work = asyncio.ensure_future(asyncio.to_thread(self.preparer, running.request, self.cache, folder))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(lambda done: _discard(done, folder))
+            raise
+
     def engine_for(self, request: ReplicaRequest, model_dir: Path, log_path: Path) -> SupervisedEngine:
-        """The (unstarted) engine for a verified model directory: this host's device, a free port,
-        the revision's execution config, and the fingerprint in the served model name.
+        """The (unstarted) engine for a verified model directory: this host's device, a free loopback
+        port (never the worker's address), the revision's execution config, and the fingerprint in
+        the served model name.
         """
         execution = request.revision.execution
-        port = free_port(self.host)
+        port = free_port(ENGINE_HOST)
         command = engine_command(
-            model_dir, execution, port, served_model_name(request),
-            device=self.device, python=self.engine_python, host=self.host,
+            model_dir, execution, port, served_model_name(request), device=self.device, python=self.engine_python,
         )
-        return SupervisedEngine(command, engine_env(execution, self.device), port, self.host, log_path)
+        return SupervisedEngine(command, engine_env(execution, self.device), port, ENGINE_HOST, log_path)
 
     async def _warm(self, replica_id: str, running: _Running) -> None:
         if running.stopping or running.engine is None:
@@ -274,16 +340,32 @@ class WorkerAgent:
         self._set(replica.failed(failure))
         await self._release(running)
 
-    async def _release(self, running: _Running) -> tuple[bool, int | None]:
-        """Stop the engine and the proxy; whether the port is free, and the engine's exit status."""
+    async def _release(self, running: _Running) -> _Stopped:
+        """Stop the proxy and the engine (SIGKILL after the stop timeout), remove the replica's folder.
+
+        Bounded whatever the engine does: a process that outlives even SIGKILL is reported, not awaited.
+        """
         if running.proxy is not None:
             await running.proxy.close()
         engine = running.engine
-        if engine is None:
-            return True, None
-        with contextlib.suppress(EngineError):
-            await asyncio.to_thread(engine.stop)
-        return not port_is_open(engine.port, self.host), engine.exit_code()
+        stopped = _Stopped()
+        if engine is not None:
+            stopped = await self._stop_engine(engine)
+        await asyncio.to_thread(remove_tree, running.folder)
+        return stopped
+
+    async def _stop_engine(self, engine: SupervisedEngine) -> _Stopped:
+        timeout = self.stop_timeout_s
+        reason = ""
+        killed = False
+        try:
+            stop = asyncio.to_thread(engine.stop, timeout)
+            killed = await asyncio.wait_for(stop, timeout + KILL_WAIT_S + PORT_RELEASE_S)
+        except (EngineError, TimeoutError) as error:
+            reason = str(error) or f"the engine process {engine.pid} did not end within the stop deadline"
+        if killed:
+            reason = f"the engine did not exit within {timeout:g} s of SIGTERM and was killed (SIGKILL)"
+        return _Stopped(not port_is_open(engine.port, ENGINE_HOST), engine.exit_code(), killed, reason)
 
     def withdraw(self, replica_id: str) -> Replica:
         """First step of a drain, synchronous: readiness withdrawn and new requests refused at once."""
@@ -305,14 +387,16 @@ class WorkerAgent:
         for task in running.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
-        port_released, exit_code = await self._release(running)
+        stopped = await self._release(running)
         engine_pid = running.engine.pid if running.engine is not None else None
         report = DrainReport(
             grace_s=grace_s, completed=outcome.completed, cancelled=outcome.cancelled,
             cancel_reason=outcome.cancel_reason,
-            port_released=port_released,
+            port_released=stopped.port_released,
             memory_released=process_gone(engine_pid),
-            process_exit_code=exit_code,
+            process_exit_code=stopped.exit_code,
+            killed=stopped.killed,
+            stop_reason=stopped.reason,
         )
         return self._set(self._replicas[replica_id].moved_to(ReplicaState.TERMINATED, drain=report))
 
@@ -326,7 +410,9 @@ class WorkerAgent:
     async def _drain_task(self, replica_id: str, grace_s: float) -> None:
         try:
             await self.drain(replica_id, grace_s)
-        except RevgateError as error:
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # whatever went wrong, the replica ends; it is never left draining
             await self._fail(replica_id, failure_of(error))
 
     async def close(self, grace_s: float = 5.0) -> None:

@@ -4,6 +4,7 @@ Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>``. A requ
 right token gets 401 before its body is read, so it changes nothing.
 
     POST /v1/replicas                  start a replica (body: ReplicaRequest) -> 202 + replica
+                                       (409 while the artifact loads under another signature policy)
     GET  /v1/replicas                  every replica with state and endpoint
     GET  /v1/replicas/{id}             one replica
     POST /v1/replicas/{id}/drain       drain (body: {"grace_s": N}) -> 202 + replica
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from manifests.errors import RevgateError
-from serving.worker.agent import UnknownReplica, WorkerAgent
+from serving.worker.agent import SignaturePolicyConflict, UnknownReplica, WorkerAgent
 from serving.worker.auth import authorized
 from serving.worker.report import capacity_report, replica_view
 from serving.worker.request import ReplicaRequest
@@ -97,7 +98,7 @@ class ControlApp:
             status, body = await self._route(method, path, receive)
         except UnknownReplica as error:
             status, body = 404, _error_body(error)
-        except IllegalTransition as error:
+        except (IllegalTransition, SignaturePolicyConflict) as error:
             status, body = 409, _error_body(error)
         except RevgateError as error:
             status, body = 400, _error_body(error)

@@ -4,7 +4,10 @@ The digest check happens where the load happens: every start re-hashes the cache
 hit skips only the download), checks the signature against the request's policy, the revision's
 runtime against this host's engine, and the artifact's compatibility with the execution config.
 A cache entry that fails is moved to ``quarantine/`` so the next start fetches it afresh, and
-nothing is started from it.
+nothing is started from it; replicas already loading or serving it keep their own links.
+
+A start for a replica names a folder of its own (``into``): the verified files are hard-linked
+there and the folder is what is verified and loaded (see :mod:`serving.worker.sealed`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from registry.store import open_store
 from registry.verify import verify_artifact
 from serving.worker.engine import Device
 from serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from serving.worker.sealed import FileStamp, link_tree, remove_tree, seal, stamps, unseal_folders
 
 # GPU vLLM's attention kernels take any head size that is a multiple of 8 up to 256, and more
 # quantization kernels than the CPU build.
@@ -40,13 +44,14 @@ class ArtifactRefused(RevgateError):
 
 @dataclass(frozen=True, slots=True)
 class PreparedArtifact:
-    """A verified model directory and what fetching and verifying it cost."""
+    """A verified, read-only model directory, its files' stamps, and what fetching and verifying cost."""
 
-    model_dir: Path
+    model_dir: Path  # the replica's own folder when one was named, else the cache entry
     signature_path: Path
     fetch_s: float
     verify_s: float
     fetched: bool  # False on a cache hit
+    stamps: dict[str, FileStamp]
 
 
 def trust_policy(spec: SignaturePolicySpec) -> Policy:
@@ -118,6 +123,8 @@ def quarantine(cache: Path, model_dir: Path, signature_path: Path) -> Path:
     target = cache / "quarantine" / f"{model_dir.name}-{time.time_ns()}"
     target.mkdir(parents=True)
     with contextlib.suppress(FileNotFoundError):
+        unseal_folders(model_dir)  # a folder is moved to another parent only when writable
+    with contextlib.suppress(FileNotFoundError):
         os.replace(model_dir, target / "artifact")
     with contextlib.suppress(FileNotFoundError):
         os.replace(signature_path, target / "signature.sig")
@@ -141,8 +148,11 @@ class ArtifactPreparer:
         with self._locks_guard:
             return self._locks.setdefault(digest, threading.Lock())
 
-    def __call__(self, request: ReplicaRequest, cache: Path) -> PreparedArtifact:
-        """Fetch (or reuse) and verify the pinned artifact; a failed check quarantines the entry and re-raises."""
+    def __call__(self, request: ReplicaRequest, cache: Path, into: Path | None = None) -> PreparedArtifact:
+        """Fetch (or reuse), seal, link ``into`` a replica's folder when given, and verify what will be loaded.
+
+        Failed bytes quarantine the cache entry; any failure removes ``into`` and re-raises.
+        """
         request.warm.check_fits(request.revision.execution.max_model_len, where="ReplicaRequest.warm")
         check_runtime(request, self.engine_venv)
         with self._lock(request.manifest_digest):
@@ -150,11 +160,18 @@ class ArtifactPreparer:
             model_dir, signature_path, fetched = fetch(request, cache)
             fetched_at = time.monotonic()
             try:
-                verify(request, model_dir, signature_path, CPU_ENGINE if self.device == "cpu" else GPU_ENGINE)
-            except VerificationError as error:  # unproven bytes; an incompatibility is not the cache's fault
-                where = quarantine(cache, model_dir, signature_path)
-                # The same typed error, its explanation extended by where the evidence went.
-                error.args = (f"{error} The cache entry was moved to {where}; the next start fetches it again.",)
+                seal(model_dir)
+                loaded = model_dir if into is None else link_tree(model_dir, into)
+                verify(request, loaded, signature_path, CPU_ENGINE if self.device == "cpu" else GPU_ENGINE)
+                verified = stamps(loaded)
+            except BaseException as error:
+                if into is not None:
+                    remove_tree(into)
+                # Unproven bytes are quarantined; an incompatibility is not the cache's fault.
+                if isinstance(error, VerificationError):
+                    where = quarantine(cache, model_dir, signature_path)
+                    # The same typed error, its explanation extended by where the evidence went.
+                    error.args = (f"{error} The cache entry was moved to {where}; the next start fetches it again.",)
                 raise
-        return PreparedArtifact(model_dir, signature_path, fetched_at - started, time.monotonic() - fetched_at,
-                                fetched)
+        return PreparedArtifact(loaded, signature_path, fetched_at - started, time.monotonic() - fetched_at,
+                                fetched, verified)

@@ -30,12 +30,18 @@ from manifests.errors import RevgateError
 from manifests.revision import ExecutionConfig
 
 Device = Literal["cpu", "cuda"]
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # A default that fits beside other work on a small CPU host; vLLM's own default asks for ~92% of a
 # NUMA node and fails to start there.
 DEFAULT_CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM listens on loopback only, whatever address the worker serves on: every path it offers
+# (runtime LoRA loading among them) is reachable from this host alone, and the outside world
+# sees only the worker's proxy with its allow-list.
+ENGINE_HOST = "127.0.0.1"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+KILL_WAIT_S = 10.0  # after SIGKILL, only a process stuck in the kernel is still there
+PORT_RELEASE_S = 10.0  # how long a stop waits for the port once the process ended
 
 
 class EngineError(RevgateError):
@@ -73,11 +79,10 @@ def engine_command(
     device: Device = "cpu",
     lora_modules: Sequence[LoraModule] = (),
     python: Path | None = None,
-    host: str = "127.0.0.1",
 ) -> list[str]:
-    """The argument list that serves ``model_dir`` under ``served_model_name`` on ``host:port``."""
+    """The argument list that serves ``model_dir`` under ``served_model_name`` on loopback ``port``."""
     command = [str(python or engine_python()), "-m", SERVER_MODULE, "--model", str(model_dir)]
-    command += ["--served-model-name", served_model_name, "--host", host, "--port", str(port)]
+    command += ["--served-model-name", served_model_name, "--host", ENGINE_HOST, "--port", str(port)]
     command += _model_flags(execution)
     command += _cpu_flags(execution) if device == "cpu" else _gpu_flags(execution)
     command += _lora_flags(execution, lora_modules)
@@ -301,20 +306,31 @@ class EngineProcess:
             fix="Raise the startup timeout on a loaded host, or read the log for a hang.",
         )
 
-    def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; returns once the port is released."""
+    def stop(self, grace: float = 15.0) -> bool:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; returns once the port is released, and
+        whether SIGKILL was needed. A process that outlives SIGKILL too is an :class:`EngineError`.
+        """
         process = self._process
+        killed = False
         if process is not None and process.poll() is None:
             self._signal(process, signal.SIGTERM)
             try:
                 process.wait(grace)
             except subprocess.TimeoutExpired:
+                killed = True
                 self._signal(process, signal.SIGKILL)
-                process.wait(10)
+                try:
+                    process.wait(KILL_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    raise EngineError(
+                        f"the engine process {process.pid} did not exit within {KILL_WAIT_S:g} s of SIGKILL",
+                        where=self.url, fix="The process is stuck in the kernel (I/O or a driver); check the host.",
+                    ) from None
         self._close_log()
         self._wait_port_released()
+        return killed
 
-    def _wait_port_released(self, timeout: float = 10.0) -> None:
+    def _wait_port_released(self, timeout: float = PORT_RELEASE_S) -> None:
         deadline = time.monotonic() + timeout
         while port_is_open(self.port, self.host):
             if time.monotonic() > deadline:

@@ -4,6 +4,10 @@ Raw asyncio streams, no framework: it parses only the request head and Content-L
 the upstream response bytes as they come (SSE streams included) and adds the headers that name
 the revision and replica. One request per client connection (``Connection: close``): this keeps
 the relay free of response framing, and the router in front pools nothing through it.
+
+Only the OpenAI inference paths a router sends (and ``/health``) are relayed. Everything else
+vLLM offers (``/v1/load_lora_adapter`` puts weights nobody verified into a verified replica,
+``/tokenize``, ``/metrics``, ...) is answered 404 here and never reaches the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +23,14 @@ REPLICA_HEADER = "x-revgate-replica"
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "upgrade"}
+# Method and exact path (query string aside): what the router, the promotion checks and an operator's
+# liveness probe use. An exact match leaves no room for ``..``, percent-escapes or absolute URLs.
+EXPOSED = frozenset({
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/health"),
+})
 
 
 class BadRequest(Exception):
@@ -37,6 +49,17 @@ def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
             raise BadRequest(f"malformed header line {line[:80]!r}")
         headers.append((name.strip(), value.strip()))
     return request_line, headers
+
+
+def not_exposed(head: bytes) -> str | None:
+    """Why the request may not pass (a method and path outside :data:`EXPOSED`), or None."""
+    request_line, _ = _parse_head(head)
+    method, target, _ = request_line.split(" ")
+    path = target.partition("?")[0]
+    if (method, path) in EXPOSED:
+        return None
+    exposed = ", ".join(f"{m} {p}" for m, p in sorted(EXPOSED, key=lambda pair: pair[1]))
+    return f"{method} {path[:200]} is not exposed by the replica proxy; it serves only {exposed}"
 
 
 def upstream_request(head: bytes, body: bytes) -> tuple[bytes, int]:
@@ -113,6 +136,10 @@ class ReplicaProxy:
             head = await reader.readuntil(b"\r\n\r\n")
             if len(head) > MAX_HEAD_BYTES:
                 raise BadRequest("request head too large")
+            refused = not_exposed(head)
+            if refused is not None:
+                writer.write(error_response(404, "Not Found", refused, self.revision))
+                return
             refusal = self.admission.refusal()
             if refusal is not None:
                 writer.write(refusal_response(refusal, self.revision))

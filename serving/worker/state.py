@@ -88,6 +88,8 @@ class DrainReport:
     port_released: bool
     memory_released: bool  # the engine process is gone, so the memory it held is free
     process_exit_code: int | None
+    killed: bool = False  # the engine ignored SIGTERM for the stop timeout and was killed
+    stop_reason: str = ""  # how the engine ended when it did not simply exit on SIGTERM
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,16 @@
 """The worker agent with real vLLM replicas: verified start, warm-up, serving through the proxy,
-kill -9 detection, tampered cache refusal, wrong token refusal, and drain with requests in flight.
+kill -9 detection, tampered cache refusal, wrong token refusal, and drain with requests in flight;
+and what a hostile client or a broken engine cannot do: reach vLLM's own API (its runtime LoRA
+loading) through the proxy or from another host, change a replica's verified files, start the
+artifact under another signature policy while it loads, or keep a stuck engine draining.
 
-One agent (the real ``revgate worker`` command) serves the whole module; two replicas start at
-once, so the module pays for two vLLM starts in parallel.
+One agent (the real ``revgate worker`` command, on an address other than 127.0.0.1) serves the
+whole module; three replicas start at once, so the module pays for three vLLM starts in parallel.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -17,7 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,17 +35,19 @@ from registry.build import build_manifest
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
-from serving.worker.engine import engine_python, free_port
 from serving.worker.auth import write_token
-from serving.worker.client import WorkerClient, WorkerUnauthorized
-from serving.worker.request import ReplicaRequest
-from tests.conftest import wait_for_port
+from serving.worker.client import WorkerClient, WorkerRequestFailed, WorkerUnauthorized
+from serving.worker.engine import engine_python, free_port
+from serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from serving.worker.sealed import is_read_only
 from tests.integration.signing_material import write_key
 from zoo.index import load_revisions
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 TOKEN = "worker-test-token-0123456789abcdef"
 START_TIMEOUT_S = 400
+STOP_TIMEOUT_S = 10  # the worker's --stop-timeout: SIGTERM, then SIGKILL this much later
+TCP_LISTEN = "0A"  # socket state in /proc/net/tcp
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,52 @@ class Worker:
     process: subprocess.Popen[bytes]
     request: ReplicaRequest
     log: Path
+    host: str  # the worker's own address (its control API and proxies), never 127.0.0.1
+    adapter: Path  # a LoRA adapter a hostile client might try to load at runtime
+    keys: Path  # where to write another signer's key
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout_s} s")
+        time.sleep(0.05)
+
+
+def non_loopback_address() -> str:
+    """An IPv4 address of this machine outside 127/8 if it has one, else 127.0.0.2 (not 127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # picks the outgoing interface; nothing is sent
+            address = str(probe.getsockname()[0])
+        except OSError:
+            address = ""
+    return address if address and not address.startswith("127.") else "127.0.0.2"
+
+
+def accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses with a listening TCP socket on ``port`` (IPv4 and IPv6), from /proc."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, _, hex_port = fields[1].partition(":")
+            if fields[3] == TCP_LISTEN and int(hex_port, 16) == port:
+                raw = bytes.fromhex(address)
+                # The kernel prints each 32-bit word in host (little-endian) order.
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(str(ipaddress.ip_address(words)))
+    return found
 
 
 def published_request(tmp: Path, model: Path) -> ReplicaRequest:
@@ -65,7 +117,9 @@ def published_request(tmp: Path, model: Path) -> ReplicaRequest:
         name="stable",
         artifact=manifest,
         runtime=engine_runtime(engine_python().parent.parent),
-        execution=ExecutionConfig.build(dtype="float32", max_model_len=64, enforce_eager=True, max_num_seqs=16),
+        # LoRA on: vLLM then offers runtime adapter loading, which only the proxy keeps from callers.
+        execution=ExecutionConfig.build(dtype="float32", max_model_len=64, enforce_eager=True, max_num_seqs=16,
+                                        enable_lora=True, max_lora_rank=8),
         interface=InterfacePolicy(),
     )
     warm = WarmProfile.build(prompt_lengths=[8, 24], max_tokens=16, concurrency=4, request_count=8)
@@ -79,20 +133,25 @@ def published_request(tmp: Path, model: Path) -> ReplicaRequest:
 def worker(tmp_path_factory: pytest.TempPathFactory, zoo_dir: Path) -> Iterator[Worker]:
     """The real ``revgate worker`` command on a free port, stopped (and its replicas drained) at the end."""
     tmp = tmp_path_factory.mktemp("worker")
-    request = published_request(tmp, zoo_dir / load_revisions(zoo_dir)["stable"].path)
+    revisions = load_revisions(zoo_dir)
+    request = published_request(tmp, zoo_dir / revisions["stable"].path)
     token_file = tmp / "token"
     write_token(token_file, TOKEN)
-    port = free_port()
+    host = non_loopback_address()
+    port = free_port(host)
     log = tmp / "worker.log"
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "worker", "--port", str(port), "--cache", str(tmp / "cache"),
-             "--token-file", str(token_file), "--startup-timeout", str(START_TIMEOUT_S)],
+            [sys.executable, "-m", "cli.main", "worker", "--host", host, "--port", str(port),
+             "--cache", str(tmp / "cache"), "--token-file", str(token_file),
+             "--startup-timeout", str(START_TIMEOUT_S), "--stop-timeout", str(STOP_TIMEOUT_S)],
             stdout=output, stderr=subprocess.STDOUT,
         )
     try:
-        wait_for_port(port, 60, process)
-        yield Worker(WorkerClient(f"http://127.0.0.1:{port}", TOKEN), tmp / "cache", process, request, log)
+        wait_until(lambda: process.poll() is not None or accepts(host, port), 60, "the worker listens")
+        assert process.poll() is None, log.read_text()
+        yield Worker(WorkerClient(f"http://{host}:{port}", TOKEN), tmp / "cache", process, request, log, host,
+                     zoo_dir / revisions["adapter"].path, tmp / "keys")
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -108,8 +167,13 @@ def completion(
     """POST /v1/completions through the replica's proxy; status, headers, body (errors included)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
             "temperature": 0}
-    request = urllib.request.Request(endpoint + "/v1/completions", data=json.dumps(body).encode(),  # noqa: S310
-                                     headers={"content-type": "application/json"})
+    return http(endpoint + "/v1/completions", body)
+
+
+def http(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET (no body) or POST JSON; status, headers, body (errors included)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})  # noqa: S310
     try:
         with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310
             return response.status, dict(response.headers.items()), response.read()
@@ -136,15 +200,19 @@ def test_wrong_token_is_refused_and_changes_nothing(worker: Worker) -> None:
 
 def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drain(worker: Worker) -> None:
     client, request = worker.client, worker.request
-    first = client.start(request)
-    second = client.start(request)
-    assert first["state"] == "created" and first["replica_id"] != second["replica_id"]
-    a = client.wait_for(first["replica_id"], {"ready"}, START_TIMEOUT_S)
-    b = client.wait_for(second["replica_id"], {"ready"}, START_TIMEOUT_S)
-    assert (a["state"], b["state"]) == ("ready", "ready"), (a["failure"], b["failure"], worker.log.read_text()[-3000:])
+    started = [client.start(request) for _ in range(3)]
+    ids = [replica["replica_id"] for replica in started]
+    assert started[0]["state"] == "created" and len(set(ids)) == 3
+    check_another_policy_is_refused_while_loading(worker, ids)
+    a, b, c = (client.wait_for(replica_id, {"ready"}, START_TIMEOUT_S) for replica_id in ids)
+    states = [(r["state"], r["failure"]) for r in (a, b, c)]
+    assert [state for state, _ in states] == ["ready"] * 3, (states, worker.log.read_text()[-3000:])
     check_ready_replica(a, request)
-    check_capacity(client.capacity(), request, ready=[a, b])
+    check_capacity(client.capacity(), request, ready=[a, b, c])
     check_serving(a, request)
+    check_engine_listens_on_loopback_only(worker, a)
+    check_proxy_exposes_only_inference(worker, a, b)
+    check_replica_loads_its_own_read_only_files(worker, a)
 
     # kill -9 of a replica: noticed, reported with exit status and log tail, not restarted.
     os.kill(b["pid"], signal.SIGKILL)
@@ -153,13 +221,73 @@ def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drai
     assert died["failure"]["exit_code"] == -signal.SIGKILL
     assert died["failure"]["error"] == "ReplicaDied" and died["failure"]["log_tail"]
     assert died["probes"] == {"startup": True, "liveness": False, "readiness": False}
-    time.sleep(1)
-    assert [r["replica_id"] for r in client.replicas()] == [a["replica_id"], b["replica_id"]]
+    # Released: its folder is removed once the engine is reaped; nothing took its place.
+    wait_until(lambda: not (worker.cache / "replicas" / b["replica_id"]).exists(), 30, "b's folder removed")
+    assert [r["replica_id"] for r in client.replicas()] == ids
     assert client.replica(b["replica_id"])["state"] == "failed"
-    check_capacity(client.capacity(), request, ready=[a])
+    check_capacity(client.capacity(), request, ready=[a, c])
 
-    check_tampered_cache_is_refused(worker)
-    check_drain_with_requests_in_flight(client, a)
+    check_tampered_cache_is_refused(worker, a)
+    check_a_stuck_engine_is_killed_when_draining(worker, c)
+    check_drain_with_requests_in_flight(worker, a)
+
+
+def check_another_policy_is_refused_while_loading(worker: Worker, loading: list[str]) -> None:
+    """A start of the same artifact under another signer's key, while it loads: refused, nothing moved."""
+    other, _ = write_key(worker.keys, "other-signer")
+    policy = SignaturePolicySpec(kind="key", public_key=str(other.public))
+    assert {worker.client.replica(replica_id)["state"] for replica_id in loading} <= {"created", "loading"}
+    with pytest.raises(WorkerRequestFailed, match="409: SignaturePolicyConflict") as refused:
+        worker.client.start(worker.request.model_copy(update={"signature_policy": policy}))
+    assert "same signature policy" in refused.value.fix
+    assert [r["replica_id"] for r in worker.client.replicas()] == loading
+    assert not (worker.cache / "quarantine").exists()
+
+
+def check_engine_listens_on_loopback_only(worker: Worker, replica: dict[str, Any]) -> None:
+    """vLLM's own port answers on 127.0.0.1 only; the worker's address reaches the proxy alone."""
+    engine_port = replica["engine_port"]
+    assert listening_addresses(engine_port) == {"127.0.0.1"}
+    assert not accepts(worker.host, engine_port)
+    assert replica["endpoint"].startswith(f"http://{worker.host}:")
+    assert http(replica["endpoint"] + "/v1/models")[0] == 200
+
+
+def model_ids(url: str) -> list[str]:
+    status, _, body = http(url + "/v1/models")
+    assert status == 200, body
+    return sorted(model["id"] for model in json.loads(body)["data"])
+
+
+def check_proxy_exposes_only_inference(worker: Worker, replica: dict[str, Any], other: dict[str, Any]) -> None:
+    """Runtime LoRA loading works on the engine itself (shown on ``other``), never through a proxy."""
+    load = {"lora_name": "smuggled", "lora_path": str(worker.adapter)}
+    engine = f"http://127.0.0.1:{other['engine_port']}"
+    status, _, body = http(engine + "/v1/load_lora_adapter", load)
+    assert status == 200 and "smuggled" in model_ids(engine), body  # the door the proxy keeps shut
+
+    before = model_ids(replica["endpoint"])
+    for path, payload in (("/v1/load_lora_adapter", load), ("/v1/unload_lora_adapter", {"lora_name": "x"}),
+                          ("/tokenize", {"model": replica["served_model"], "prompt": "a"}),
+                          ("/v1/completions/../load_lora_adapter", load)):
+        status, headers, body = http(replica["endpoint"] + path, payload)
+        error = json.loads(body)["error"]
+        assert (status, error["type"]) == (404, "not_found"), body
+        assert "is not exposed by the replica proxy" in error["message"]
+        assert headers["x-revgate-revision"] == replica["revision"]
+    assert model_ids(replica["endpoint"]) == before == [replica["served_model"]]
+    assert worker.client.replica(replica["replica_id"])["in_flight"] == 0
+
+
+def check_replica_loads_its_own_read_only_files(worker: Worker, replica: dict[str, Any]) -> None:
+    """The engine loads the replica's folder: read-only hard links to the verified cache entry."""
+    folder = worker.cache / "replicas" / replica["replica_id"]
+    entry = worker.cache / "artifacts" / worker.request.manifest_digest.removeprefix("sha256:")
+    command = Path(f"/proc/{replica['pid']}/cmdline").read_bytes().split(b"\0")
+    assert command[command.index(b"--model") + 1].decode() == str(folder)
+    assert is_read_only(folder) and is_read_only(entry)
+    for file in entry.iterdir():
+        assert (folder / file.name).stat().st_ino == file.stat().st_ino  # linked, not copied
 
 
 def check_ready_replica(replica: dict[str, Any], request: ReplicaRequest) -> None:
@@ -201,10 +329,17 @@ def check_serving(replica: dict[str, Any], request: ReplicaRequest) -> None:
     assert streamed == json.loads(whole)["choices"][0]["text"]
 
 
-def check_tampered_cache_is_refused(worker: Worker) -> None:
+def check_tampered_cache_is_refused(worker: Worker, serving: dict[str, Any]) -> None:
+    """A cache file replaced after verification: the next start refuses it; a serving replica keeps its files."""
     artifact = worker.cache / "artifacts" / worker.request.manifest_digest.removeprefix("sha256:")
     config = artifact / "config.json"
-    config.write_text(config.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 1'))
+    loaded = worker.cache / "replicas" / serving["replica_id"] / "config.json"
+    verified = loaded.read_bytes()
+    artifact.chmod(0o755)  # what a writer allowed to change the read-only folder does first
+    partial = artifact / ".config.json.new"
+    partial.write_text(config.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 1'))
+    os.replace(partial, config)
+    assert loaded.read_bytes() == verified
     refused = worker.client.start(worker.request)
     view = worker.client.wait_for(refused["replica_id"], {"failed"}, 120)
     assert view["state"] == "failed"
@@ -212,21 +347,46 @@ def check_tampered_cache_is_refused(worker: Worker) -> None:
     assert view["pid"] is None and view["engine_port"] is None  # no process was started
     assert not (worker.cache / "logs" / f"{refused['replica_id']}.log").exists()
     assert not artifact.exists() and list((worker.cache / "quarantine").iterdir())
+    assert loaded.read_bytes() == verified and not (worker.cache / "replicas" / refused["replica_id"]).exists()
 
 
-def check_drain_with_requests_in_flight(client: WorkerClient, replica: dict[str, Any]) -> None:
-    endpoint, model = replica["endpoint"], replica["served_model"]
+def check_a_stuck_engine_is_killed_when_draining(worker: Worker, replica: dict[str, Any]) -> None:
+    """An engine that ignores SIGTERM (stopped): killed after the grace period and the stop timeout."""
+    client, replica_id = worker.client, replica["replica_id"]
+    os.kill(replica["pid"], signal.SIGSTOP)
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+    request = threading.Thread(target=lambda: answers.append(completion(replica["endpoint"],
+                                                                         replica["served_model"], 8)))
+    request.start()
+    wait_until(lambda: client.replica(replica_id)["in_flight"] == 1, 30, "a request in flight to the stuck engine")
+    began = time.monotonic()
+    client.drain(replica_id, grace_s=1)
+    done = client.wait_for(replica_id, {"terminated"}, 120)
+    took = time.monotonic() - began
+    request.join(30)
+    drain = done["drain"]
+    assert done["state"] == "terminated", done
+    assert drain["killed"] and f"did not exit within {STOP_TIMEOUT_S} s of SIGTERM" in drain["stop_reason"]
+    assert drain["process_exit_code"] == -signal.SIGKILL
+    assert drain["port_released"] and drain["memory_released"] and not pid_alive(replica["pid"])
+    assert took >= 1 + STOP_TIMEOUT_S  # the grace period and the SIGTERM wait both came first
+    assert drain["cancelled"] == 1
+    status, _, body = answers[0]
+    assert status == 503 and "grace period of 1 s ended" in json.loads(body)["error"]["message"]
+    assert not (worker.cache / "replicas" / replica_id).exists()
+
+
+def check_drain_with_requests_in_flight(worker: Worker, replica: dict[str, Any]) -> None:
+    client, endpoint, model = worker.client, replica["endpoint"], replica["served_model"]
     results: list[tuple[int, dict[str, str], bytes]] = []
     threads = [threading.Thread(target=lambda: results.append(completion(endpoint, model, 48))) for _ in range(8)]
     for thread in threads:
         thread.start()
     # A request whose body never finishes arriving: in flight, and still so when the grace period ends.
     port = int(endpoint.rsplit(":", 1)[1])
-    stalled = socket.create_connection(("127.0.0.1", port))
+    stalled = socket.create_connection((worker.host, port))
     stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-    deadline = time.monotonic() + 10
-    while client.replica(replica["replica_id"])["in_flight"] < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: client.replica(replica["replica_id"])["in_flight"] >= 3, 30, "requests in flight")
     draining = client.drain(replica["replica_id"], grace_s=8)
     assert draining["state"] == "draining" and not draining["ready"]
     # Counted when readiness was withdrawn: the stalled request and at least one generating request.
@@ -246,6 +406,7 @@ def check_drain_with_requests_in_flight(client: WorkerClient, replica: dict[str,
     assert done["state"] == "terminated"
     assert (drain["completed"], drain["cancelled"]) == (in_flight_at_drain - 1, 1)
     assert drain["port_released"] and drain["memory_released"]
-    assert not pid_alive(replica["pid"])
+    assert not pid_alive(replica["pid"]) and not drain["killed"] and drain["stop_reason"] == ""
+    assert not (worker.cache / "replicas" / replica["replica_id"]).exists()
     with pytest.raises(ConnectionError):
-        socket.create_connection(("127.0.0.1", port), timeout=2)
+        socket.create_connection((worker.host, port), timeout=2)

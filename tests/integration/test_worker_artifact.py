@@ -6,6 +6,7 @@ Every refusal must leave nothing loadable behind: no artifact in the cache that 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from registry.signing import sign_with_key
 from registry.store import open_store
 from serving.worker.artifact import ArtifactPreparer, ArtifactRefused, cache_paths
 from serving.worker.request import ReplicaRequest
+from serving.worker.sealed import ArtifactChanged, is_read_only, recheck
 from tests.integration.signing_material import write_key
 
 ENGINE_VENV = Path(__file__).resolve().parents[2] / ".venv-engine"
@@ -66,19 +68,62 @@ def publish(tmp: Path, venv: Path, *, signed_by: str = "signer", trusted: str = 
                                 signature_policy={"kind": "key", "public_key": str(policy_key.public)})
 
 
+def write_in_place(path: Path, data: bytes) -> None:
+    """What a writer allowed to change a read-only file does (root, or its owner after a chmod)."""
+    path.chmod(0o644)
+    path.write_bytes(data)
+
+
+def write_by_replacing(path: Path, data: bytes) -> None:
+    """How atomic writers change a file: a new file renamed over the old name (a new inode)."""
+    path.parent.chmod(0o755)
+    partial = path.with_name(f".{path.name}.new")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
 def test_a_verified_artifact_is_fetched_once_and_re_hashed_on_every_start(tmp_path: Path) -> None:
     venv = fake_engine_venv(tmp_path / "venv")
     request = publish(tmp_path, venv)
     preparer, cache = ArtifactPreparer(venv), tmp_path / "cache"
     first = preparer(request, cache)
     assert first.fetched and first.model_dir == cache_paths(cache, request.manifest_digest)[0]
+    assert is_read_only(first.model_dir)  # files 0444, folders 0555 once verified
     again = preparer(request, cache)
     assert not again.fetched and again.model_dir == first.model_dir
-    (first.model_dir / "model.safetensors").write_bytes(bytes(255 - b for b in range(256)) * 64)
+    write_in_place(first.model_dir / "model.safetensors", bytes(255 - b for b in range(256)) * 64)
     with pytest.raises(DigestMismatch, match=r"model\.safetensors.*moved to .*quarantine"):
         preparer(request, cache)
     assert not first.model_dir.exists()
     assert preparer(request, cache).fetched  # the next start fetches a clean copy
+
+
+def test_a_replica_loads_its_own_read_only_links_that_no_cache_write_reaches_unnoticed(tmp_path: Path) -> None:
+    venv = fake_engine_venv(tmp_path / "venv")
+    request = publish(tmp_path, venv)
+    preparer, cache = ArtifactPreparer(venv), tmp_path / "cache"
+    entry = cache_paths(cache, request.manifest_digest)[0]
+    one = preparer(request, cache, cache / "replicas" / "r-1")
+    assert one.model_dir == cache / "replicas" / "r-1" and is_read_only(one.model_dir) and is_read_only(entry)
+    assert sorted(one.stamps) == ["config.json", "model.safetensors", "tokenizer_config.json"]
+    two = preparer(request, cache, cache / "replicas" / "r-2")
+    recheck(one.model_dir, one.stamps)  # another replica linking the same files changes nothing for this one
+    weights = (one.model_dir / "model.safetensors").read_bytes()
+
+    # A replacement in the cache after verification does not reach the replicas' folders...
+    write_by_replacing(entry / "model.safetensors", b"unverified weights")
+    assert (one.model_dir / "model.safetensors").read_bytes() == weights
+    recheck(one.model_dir, one.stamps)
+    # ...and the next start quarantines the cache entry without taking the replicas' files away.
+    with pytest.raises(DigestMismatch, match="quarantine"):
+        preparer(request, cache, cache / "replicas" / "r-3")
+    assert not (cache / "replicas" / "r-3").exists() and not entry.exists()
+    assert (two.model_dir / "model.safetensors").read_bytes() == weights
+
+    # An in-place write reaches the shared file, and the re-check after loading names it.
+    write_in_place(two.model_dir / "config.json", b"{}")
+    with pytest.raises(ArtifactChanged, match=r"r-2/config\.json"):
+        recheck(two.model_dir, two.stamps)
 
 
 def test_concurrent_starts_share_one_download(tmp_path: Path) -> None:

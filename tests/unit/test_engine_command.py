@@ -14,6 +14,7 @@ from serving.worker.engine import (
     LoraModule,
     engine_command,
     engine_env,
+    engine_python,
     free_port,
 )
 
@@ -30,7 +31,7 @@ def test_cpu_command_serves_the_model_on_the_port_with_a_bounded_kv_cache() -> N
     command = engine_command(Path("zoo/stable"), execution, 8123, "stable-abc", python=PY)
     assert command[:5] == [str(PY), "-m", "vllm.entrypoints.openai.api_server", "--model", "zoo/stable"]
     assert flag(command, "--port") == "8123"
-    assert flag(command, "--host") == "127.0.0.1"
+    assert flag(command, "--host") == "127.0.0.1"  # loopback only: no other host reaches vLLM's own API
     assert flag(command, "--served-model-name") == "stable-abc"
     assert flag(command, "--dtype") == "float32"
     assert flag(command, "--max-model-len") == "128"
@@ -103,3 +104,10 @@ def test_wait_before_start_is_a_clear_error(tmp_path: Path) -> None:
     process = EngineProcess(["true"], {}, free_port(), log_path=tmp_path / "log")
     with pytest.raises(EngineError, match="not started"):
         process.wait_healthy(1)
+
+
+def test_the_default_engine_is_the_project_engine_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REVGATE_ENGINE_PYTHON", raising=False)
+    python = engine_python()
+    assert python.parts[-3:] == (".venv-engine", "bin", "python")
+    assert (python.parents[2] / "pyproject.toml").is_file()  # the project root, wherever the module sits

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import MutableMapping
 from decimal import Decimal
 from pathlib import Path
@@ -15,19 +16,21 @@ import pytest
 from manifests import ArtifactManifest, ExecutionConfig, InterfacePolicy, ManifestInvalid, RuntimeEnvironment
 from manifests.revision import ServiceRevision
 from manifests.worker import WarmProfile
-from serving.worker.agent import WorkerAgent, served_model_name
+from serving.worker.agent import SignaturePolicyConflict, WorkerAgent, served_model_name
 from serving.worker.api import ControlApp
+from serving.worker.artifact import PreparedArtifact
 from serving.worker.auth import TokenFileInvalid, authorized, load_token, write_token
 from serving.worker.drain import Admission
 from serving.worker.proxy import (
     REVISION_HEADER,
     BadRequest,
+    not_exposed,
     refusal_response,
     tagged_response_head,
     upstream_request,
 )
 from serving.worker.report import capacity_report
-from serving.worker.request import ReplicaRequest
+from serving.worker.request import ReplicaRequest, SignaturePolicySpec
 from serving.worker.state import (
     TERMINAL,
     TRANSITIONS,
@@ -181,6 +184,19 @@ def test_upstream_request_replaces_hop_by_hop_headers() -> None:
         upstream_request(b"garbage\r\n\r\n", b"")
 
 
+def test_the_proxy_exposes_only_the_openai_inference_paths() -> None:
+    for method, target in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions?x=1"),
+                           ("GET", "/v1/models"), ("GET", "/health")):
+        assert not_exposed(f"{method} {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode()) is None
+    for method, target in (("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter"),
+                           ("POST", "/tokenize"), ("GET", "/metrics"), ("GET", "/v1/completions"),
+                           ("POST", "/v1/completions/../load_lora_adapter"), ("POST", "/v1/%63ompletions"),
+                           ("POST", "http://engine/v1/completions"), ("POST", "/V1/completions")):
+        reason = not_exposed(f"{method} {target} HTTP/1.1\r\n\r\n".encode())
+        assert reason is not None and f"{method} {target} is not exposed" in reason
+        assert "POST /v1/completions" in reason
+
+
 def test_responses_carry_the_revision_and_refusals_a_retry_signal() -> None:
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: keep-alive\r\n\r\n"
     tagged = tagged_response_head(head, "sha256:abc", "r-1").decode()
@@ -272,10 +288,24 @@ def test_a_gpu_worker_starts_gpu_vllm_with_the_execution_settings(tmp_path: Path
     assert cpu.env["VLLM_TARGET_DEVICE"] == "cpu" and "--kv-cache-memory-bytes" in cpu.command
 
 
+def test_the_engine_listens_on_loopback_whatever_address_the_worker_serves_on(tmp_path: Path) -> None:
+    request = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY)
+    for host in ("0.0.0.0", "192.0.2.2", "::"):  # noqa: S104 - the worker's address, not the engine's
+        engine = WorkerAgent(tmp_path, host=host).engine_for(request, tmp_path / "model", tmp_path / "log")
+        assert engine.command[engine.command.index("--host") + 1] == "127.0.0.1"
+        assert engine.host == "127.0.0.1" and engine.url == f"http://127.0.0.1:{engine.port}"
+
+
 # ----- control API (the ASGI app called directly: no server, no engine)
 
 
 def call_api(app: ControlApp, method: str, path: str, token: str | None, body: bytes = b"") -> tuple[int, Any]:
+    return asyncio.run(call_api_async(app, method, path, token, body))
+
+
+async def call_api_async(
+    app: ControlApp, method: str, path: str, token: str | None, body: bytes = b""
+) -> tuple[int, Any]:
     sent: list[dict[str, Any]] = []
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
 
@@ -286,12 +316,12 @@ def call_api(app: ControlApp, method: str, path: str, token: str | None, body: b
         sent.append(dict(message))
 
     scope = {"type": "http", "method": method, "path": path, "headers": headers}
-    asyncio.run(app(scope, receive, send))
+    await app(scope, receive, send)
     return sent[0]["status"], json.loads(sent[1]["body"])
 
 
 def test_control_api_refuses_a_wrong_token_before_doing_anything(tmp_path: Path) -> None:
-    agent = WorkerAgent(tmp_path, preparer=lambda request, cache: pytest.fail("nothing may be prepared"))
+    agent = WorkerAgent(tmp_path, preparer=lambda request, cache, into=None: pytest.fail("nothing may be prepared"))
     app = ControlApp(agent, "the-right-token-0123456789")
     body = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY).canonical()
     for token in (None, "the-wrong-token-0123456789"):
@@ -310,3 +340,37 @@ def test_control_api_names_bad_requests_and_unknown_replicas(tmp_path: Path) -> 
     assert status == 404 and answer["error"]["type"] == "UnknownReplica"
     assert call_api(app, "GET", "/v1/capacity", token) == (200, {"revisions": {}})
     assert call_api(app, "DELETE", "/v1/replicas", token)[0] == 404
+
+
+def test_another_signature_policy_is_refused_while_the_artifact_loads(tmp_path: Path) -> None:
+    loading = threading.Event()
+    release = threading.Event()
+
+    def preparer(request: ReplicaRequest, cache: Path, into: Path | None = None) -> PreparedArtifact:
+        loading.set()
+        release.wait(30)
+        raise ManifestInvalid("stand-in for a failed fetch", where="store")
+
+    async def scenario() -> None:
+        agent = WorkerAgent(tmp_path, preparer=preparer)
+        request = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY)
+        policy = SignaturePolicySpec(kind="key", public_key="/etc/revgate/other.pub")
+        other = request.model_copy(update={"signature_policy": policy})
+        first = agent.start(request)
+        await asyncio.to_thread(loading.wait, 30)
+        with pytest.raises(SignaturePolicyConflict, match=f"replica {first.replica_id} is loading"):
+            agent.start(other)
+        app = ControlApp(agent, "the-right-token-0123456789")
+        status, answer = await call_api_async(app, "POST", "/v1/replicas", "the-right-token-0123456789",
+                                              other.canonical())
+        assert status == 409 and answer["error"]["type"] == "SignaturePolicyConflict"
+        assert [replica.replica_id for replica in agent.replicas()] == [first.replica_id]
+        second = agent.start(request)  # the same policy shares the load
+        release.set()
+        for replica_id in (first.replica_id, second.replica_id):
+            while agent.replica(replica_id).state is not S.FAILED:
+                await asyncio.sleep(0.01)
+        agent.start(other)  # nothing loads it any more
+        await agent.close()
+
+    asyncio.run(scenario())
