@@ -89,6 +89,12 @@ class ServerConnection(asyncio.Protocol):
             self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No protocol switch here: the request is answered as plain HTTP, and nothing after it is read.
+            self.refused = self.close_when_done = True
+            if not self.busy and self.transport is not None:
+                self.transport.close()
+            return
         except httptools.HttpParserError as error:
             if not self.refused:  # else a callback refused and stopped the parser
                 self.refuse(400, f"malformed HTTP request: {error}", "malformed_request", "request",
