@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from manifests.errors import ManifestInvalid
@@ -48,3 +49,22 @@ def sha256_digest(data: bytes) -> str:
 def digest_of(value: Any) -> str:
     """The digest of the canonical JSON of ``value``."""
     return sha256_digest(canonical_json(value))
+
+
+def decimal_from_text(value: object) -> object:
+    """A field validator's input as a normalised Decimal: "0.05" and "0.050" are one identity.
+
+    Strict mode refuses strings for Decimal, yet fractions travel as decimal strings; a float would
+    carry binary noise into the digest, and NaN or Infinity compare as nothing.
+    """
+    if isinstance(value, float):
+        raise ValueError('write fractions as decimal strings ("0.05"), not floats')
+    if not isinstance(value, (str, Decimal)):
+        return value
+    try:
+        number = Decimal(value)
+    except InvalidOperation:
+        raise ValueError(f"{value!r} is not a decimal number") from None
+    if not number.is_finite():
+        raise ValueError("must be a finite decimal number")
+    return number.normalize()

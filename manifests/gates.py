@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
-from manifests.canonical import DIGEST
+from manifests.canonical import DIGEST, decimal_from_text
 from manifests.document import API_VERSION, Document
 
 Outcome = Literal["pass", "fail", "inconclusive"]
@@ -31,12 +31,7 @@ PromptLength = Literal["short", "medium", "long"]
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
-def _decimal_from_text(value: object) -> object:
-    # Strict mode refuses strings for Decimal; fractions travel as decimal strings, normalised so
-    # that "0.05" and "0.050" are one identity. A float would carry binary noise into the digest.
-    if isinstance(value, float):
-        raise ValueError('write fractions as decimal strings ("0.05"), not floats')
-    return Decimal(value).normalize() if isinstance(value, (str, Decimal)) else value
+_decimal_from_text = decimal_from_text
 
 
 class SloTarget(Document):

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from manifests.artifact import ArtifactManifest
-from manifests.canonical import DIGEST, digest_of
+from manifests.canonical import DIGEST, decimal_from_text, digest_of
 from manifests.document import API_VERSION, Document
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
@@ -55,9 +55,7 @@ class ExecutionConfig(Document):
     @field_validator("gpu_memory_utilization", mode="before")
     @classmethod
     def _decimal_from_text(cls, value: object) -> object:
-        # Strict mode refuses strings for Decimal; fractions travel as decimal strings, normalised
-        # so that "0.90" and "0.9" are one identity.
-        return Decimal(value).normalize() if isinstance(value, (str, Decimal)) else value
+        return decimal_from_text(value)
 
     @model_validator(mode="after")
     def _lora_rank(self) -> ExecutionConfig:

@@ -10,6 +10,7 @@ Deliberately free of model_signing, sigstore and mlflow: the router imports this
 from __future__ import annotations
 
 import fcntl
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,7 +77,7 @@ class FileObjects:
 
 
 class FileRouteStore:
-    """Snapshots in a directory; writes are durable renames and links under an exclusive lock file."""
+    """Snapshots in a directory; writes are durable links and renames under an exclusive lock."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -92,7 +93,7 @@ class FileRouteStore:
     def write(self, snapshot: RouteSnapshot) -> None:
         """Commit the next generation; RouteConflict (and nothing changed) on a stale generation."""
         objects = self._objects(snapshot.route)
-        with _locked(objects.folder):
+        with _locked(self.root):
             route_log.commit(objects, snapshot)
 
     def history(self, route: str) -> list[RouteSnapshot]:
@@ -101,15 +102,19 @@ class FileRouteStore:
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(root: Path) -> Iterator[None]:
+    """Writers of every route in ``root`` one at a time: a lock on the folder itself, so no lock file
+    appears and a refused write leaves the store exactly as it was."""
     try:
-        (folder / route_log.HISTORY).mkdir(parents=True, exist_ok=True)
-        handle = (folder / ".lock").open("a")
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as error:
-        raise RouteStoreUnavailable(f"cannot lock route folder: {error}", where=str(folder)) from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        raise RouteStoreUnavailable(f"cannot lock the route store: {error}", where=str(root)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def open_route_store(url: str) -> RouteStore:
