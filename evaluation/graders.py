@@ -2,6 +2,10 @@
 
 Deterministic graders are pure functions of the record. The judge grader asks any OpenAI-compatible
 chat endpoint to score an answer against a rubric; its HTTP call is the only I/O here.
+
+Pair graders score the two answers to one mirrored request (stable's and the candidate's) for the
+paired shadow gates: any record grader applied to both sides, the candidate's length against
+stable's, and a pairwise judge asked twice with the answers in both orders.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import jsonschema  # type: ignore[import-untyped]
 
 from evaluation.records import RequestRecord
 from manifests.errors import RevgateError
+from manifests.gates import PairedGrader
 
 REFUSAL = re.compile(
     r"\b(i can(?:'|no)t|i am unable|i'm unable|i won't|as an ai|i cannot help|i'm sorry, but)\b", re.IGNORECASE
@@ -97,6 +102,20 @@ def json_schema_grader(schema: dict[str, Any]) -> Grader:
         return Grade(1.0, "valid") if problem is None else Grade(0.0, f"schema: {problem.message}")
 
     return grade
+
+
+def not_empty(record: RequestRecord) -> Grade | None:
+    """0 for an answer with no visible text, 1 otherwise (failed requests do not apply)."""
+    if record.outcome != "ok":
+        return None
+    return Grade(1.0, "answered") if (record.output_text or "").strip() else Grade(0.0, "empty output")
+
+
+def not_refusal(record: RequestRecord) -> Grade | None:
+    """0 for an answer that refuses, 1 otherwise (failed requests do not apply)."""
+    if record.outcome != "ok":
+        return None
+    return Grade(0.0, "refusal") if REFUSAL.search(record.output_text or "") else Grade(1.0, "no refusal")
 
 
 def not_refusal_or_empty(record: RequestRecord) -> Grade | None:
@@ -197,3 +216,208 @@ def score_records(records: Sequence[RequestRecord], grader: Grader) -> dict[str,
         if grade is not None:
             scores[record.request_id] = grade.score
     return scores
+
+
+# --- pair graders for the paired shadow gates ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerPair:
+    """Stable's and the candidate's answers to one mirrored request (the prompt when it was kept)."""
+
+    stable: RequestRecord
+    candidate: RequestRecord
+    prompt: str = ""
+
+    @property
+    def request_id(self) -> str:
+        """The mirrored request's id."""
+        return self.stable.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class PairGrade:
+    """Scores in [0, 1] for stable's and the candidate's answer, and why."""
+
+    stable: float
+    candidate: float
+    reason: str
+
+
+class PairGrader(Protocol):
+    """Scores both answers of a pair; None means the pair is not graded (missing evidence)."""
+
+    def __call__(self, pair: AnswerPair) -> PairGrade | None: ...
+
+
+def both_sides(grader: Grader) -> PairGrader:
+    """A record grader applied to each answer; the pair counts only when it applies to both."""
+
+    def grade(pair: AnswerPair) -> PairGrade | None:
+        stable, candidate = grader(pair.stable), grader(pair.candidate)
+        if stable is None or candidate is None:
+            return None
+        return PairGrade(stable.score, candidate.score, f"stable: {stable.reason}; candidate: {candidate.reason}")
+
+    return grade
+
+
+def answer_length(record: RequestRecord) -> int:
+    """Output tokens when counted, else characters of the visible text."""
+    return record.output_tokens if record.output_tokens is not None else len(record.output_text or "")
+
+
+def length_ratio_grader(min_ratio: float, max_ratio: float) -> PairGrader:
+    """The candidate scores 1 when its answer's length is within [min, max] times stable's (stable scores 1).
+
+    Lengths are compared in the same unit on both sides: tokens when both were counted, else characters.
+    """
+
+    def grade(pair: AnswerPair) -> PairGrade | None:
+        stable, candidate = pair.stable, pair.candidate
+        if stable.outcome != "ok" or candidate.outcome != "ok":
+            return None
+        counted = stable.output_tokens is not None and candidate.output_tokens is not None
+        s_len = answer_length(stable) if counted else len(stable.output_text or "")
+        c_len = answer_length(candidate) if counted else len(candidate.output_text or "")
+        if s_len == 0:
+            return None  # no ratio to an empty answer; the empty-output grader judges that
+        ratio = c_len / s_len
+        inside = min_ratio <= ratio <= max_ratio
+        return PairGrade(1.0, 1.0 if inside else 0.0, f"length ratio {ratio:.2f} {'within' if inside else 'outside'}")
+
+    return grade
+
+
+PAIRWISE_PROMPT = (
+    "Two answers to the same request follow. Judge which better satisfies the rubric. Reply with JSON "
+    'only: {{"preference": "A" or "B" or "tie", "reason": "<one sentence>"}}.\n\n'
+    "Rubric:\n{rubric}\n\nRequest:\n{prompt}\n\nReference (may be empty):\n{reference}\n\n"
+    "Answer A:\n{a}\n\nAnswer B:\n{b}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeEndpoint:
+    """An OpenAI-compatible chat endpoint (``.../v1``) and the model to ask."""
+
+    base_url: str
+    model: str
+    post: Post = _post_json
+
+
+def parse_preference(text: str) -> str | None:
+    """'A', 'B' or 'tie' from the judge's JSON reply; None when the reply has no usable preference."""
+    match = re.search(r"\{.*\}", text, re.DOTALL)
+    try:
+        value = str(json.loads(match.group(0))["preference"]) if match else ""
+    except (ValueError, KeyError, TypeError):
+        return None
+    normalised = value.strip().lower()
+    return {"a": "A", "b": "B", "tie": "tie"}.get(normalised)
+
+
+def _ask(endpoint: JudgeEndpoint, prompt: str) -> str | None:
+    url = endpoint.base_url.rstrip("/") + "/chat/completions"
+    body = {
+        "model": endpoint.model,
+        "temperature": 0,
+        "max_tokens": 128,
+        "messages": [{"role": "user", "content": prompt}],
+    }
+    reply = endpoint.post(url, body)
+    try:
+        return parse_preference(str(reply["choices"][0]["message"]["content"]))
+    except (KeyError, IndexError, TypeError):
+        raise GraderError(
+            "judge reply is not a chat completion", where=url, fix="Point at /v1 of an OpenAI-compatible server."
+        ) from None
+
+
+def preferred(first: str | None, swapped: str | None) -> str | None:
+    """'stable', 'candidate' or 'tie' from two verdicts: first A = stable, then A = candidate.
+
+    Only a preference that survives the swap counts; disagreement (order bias) is a tie. A reply
+    without a preference leaves the pair ungraded rather than counting it as a tie.
+    """
+    if first is None or swapped is None:
+        return None
+    by_first = {"A": "stable", "B": "candidate", "tie": "tie"}[first]
+    by_swapped = {"A": "candidate", "B": "stable", "tie": "tie"}[swapped]
+    return by_first if by_first == by_swapped else "tie"
+
+
+PREFERENCE_SCORES = {"stable": (1.0, 0.0), "candidate": (0.0, 1.0), "tie": (0.5, 0.5)}
+
+
+def pairwise_judge(endpoint: JudgeEndpoint, rubric: str) -> PairGrader:
+    """Ask the judge which answer is better, twice with the positions swapped, to cancel order bias."""
+
+    def grade(pair: AnswerPair) -> PairGrade | None:
+        if pair.stable.outcome != "ok" or pair.candidate.outcome != "ok":
+            return None
+        s_text, c_text = pair.stable.output_text or "", pair.candidate.output_text or ""
+        fields = {"rubric": rubric, "prompt": pair.prompt, "reference": pair.stable.reference or ""}
+        first = _ask(endpoint, PAIRWISE_PROMPT.format(a=s_text, b=c_text, **fields))
+        swapped = _ask(endpoint, PAIRWISE_PROMPT.format(a=c_text, b=s_text, **fields))
+        winner = preferred(first, swapped)
+        if winner is None:
+            return None
+        stable, candidate = PREFERENCE_SCORES[winner]
+        return PairGrade(stable, candidate, f"judge prefers {winner} (A/B: {first}, swapped: {swapped})")
+
+    return grade
+
+
+def pair_grader(spec: PairedGrader, judge: JudgeEndpoint | None = None) -> PairGrader:
+    """The pair grader a policy's grader entry names (``reference`` is read from the stage's scores instead)."""
+    if spec.kind == "judge-pairwise":
+        if judge is None:
+            raise GraderError(f"grader {spec.name!r} needs a judge endpoint", fix="Give the judge's URL and model.")
+        return pairwise_judge(judge, spec.rubric or "")
+    if spec.kind == "length-ratio":
+        return length_ratio_grader(float(spec.min_ratio or 0), float(spec.max_ratio or 0))
+    return both_sides(_record_grader(spec))
+
+
+def _record_grader(spec: PairedGrader) -> Grader:
+    if spec.kind == "json-schema":
+        return json_schema_grader(spec.json_schema or {})
+    if spec.kind == "regex":
+        return regex_grader(spec.pattern or "")
+    if spec.kind == "stop-reason":
+        return stop_reason_grader(spec.allowed_finish)
+    by_kind: dict[str, Grader] = {"not-refusal": not_refusal, "not-empty": not_empty}
+    if spec.kind not in by_kind:
+        raise GraderError(f"grader {spec.name!r} of kind {spec.kind} is not a pair grader", fix="Use another kind.")
+    return by_kind[spec.kind]
+
+
+def grade_pairs(
+    pairs: Sequence[AnswerPair], graders: dict[str, PairGrader]
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """(stable, candidate) scores by grader name and request id, for :class:`evaluation.gates.Evidence`."""
+    table: dict[str, dict[str, tuple[float, float]]] = {name: {} for name in graders}
+    for pair in pairs:
+        for name, grader in graders.items():
+            if (grade := grader(pair)) is not None:
+                table[name][pair.request_id] = (grade.stable, grade.candidate)
+    return table
+
+
+def pair_graders(specs: Sequence[PairedGrader], judge: JudgeEndpoint | None = None) -> dict[str, PairGrader]:
+    """Every grader a policy names, by name (the ``reference`` kind reads the stage's own scores)."""
+    return {spec.name: pair_grader(spec, judge) for spec in specs if spec.kind != "reference"}
+
+
+def answer_pairs(
+    stable: Sequence[RequestRecord], candidate: Sequence[RequestRecord], prompts: dict[str, str] | None = None
+) -> list[AnswerPair]:
+    """Pairs of records with the same request id (a mirrored request), with the prompt when one was kept."""
+    by_id = {record.request_id: record for record in candidate}
+    known = prompts or {}
+    return [
+        AnswerPair(record, by_id[record.request_id], known.get(record.request_id, ""))
+        for record in stable
+        if record.request_id in by_id
+    ]

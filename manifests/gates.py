@@ -126,6 +126,11 @@ class PairedGrader(Document):
             raise ValueError("length ratios need 0 < min_ratio <= max_ratio")
         if not self.slices:
             raise ValueError("slices is empty: name slices or '*'")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as error:
+                raise ValueError(f"pattern does not compile: {error}") from None
         return self
 
 

@@ -133,3 +133,111 @@ def test_the_router_side_of_evaluation_stays_free_of_scipy() -> None:
     code = "import sys, evaluation.records, evaluation.metrics, evaluation.traces; print('scipy' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout.strip().lower()) is False
+
+
+# --- pair graders ----------------------------------------------------------------------------------
+
+
+def pair(stable_text: str | None, candidate_text: str | None, **fields: Any) -> graders.AnswerPair:
+    stable = record(stable_text, arm="stable", **fields)
+    return graders.AnswerPair(stable, record(candidate_text, **fields), prompt="sort 3 1 2")
+
+
+def test_empty_and_refusal_are_separate_checks_that_skip_failed_requests() -> None:
+    assert graders.not_empty(record(" \n")) == graders.Grade(0.0, "empty output")
+    assert graders.not_empty(record("I can't help")) == graders.Grade(1.0, "answered")
+    assert graders.not_refusal(record("I can't help")) == graders.Grade(0.0, "refusal")
+    assert graders.not_refusal(record("")) == graders.Grade(1.0, "no refusal")
+    assert graders.not_empty(record(None, outcome="error")) is None
+
+
+def test_a_record_grader_scores_both_answers_of_a_pair() -> None:
+    valid_json = graders.both_sides(graders.json_schema_grader({"type": "object"}))
+    grade = valid_json(pair('{"a": 1}', "a: 1"))
+    assert grade is not None and (grade.stable, grade.candidate) == (1.0, 0.0)
+    stop = graders.both_sides(graders.stop_reason_grader())
+    truncated = graders.AnswerPair(record("1 2 3", finish_reason="stop"), record("1 2", finish_reason="length"))
+    assert stop(truncated) == graders.PairGrade(1.0, 0.0, "stable: finish reason stop; candidate: finish reason length")
+    failed = graders.AnswerPair(record("x"), record(None, outcome="error"))
+    assert stop(failed) is None  # one side does not apply: no pair
+
+
+def test_length_ratio_against_the_stable_answer() -> None:
+    ratio = graders.length_ratio_grader(0.5, 2.0)
+    assert ratio(pair("1 2 3 4", "1 2 3")) == graders.PairGrade(1.0, 1.0, "length ratio 0.71 within")
+    assert ratio(pair("1 2", "1 2 3 4 5 6 7 8 9")).candidate == 0.0  # type: ignore[union-attr]
+    tokens = graders.AnswerPair(record("abc", output_tokens=10), record("a much longer text", output_tokens=12))
+    assert ratio(tokens).candidate == 1.0  # type: ignore[union-attr]  # tokens when both were counted
+    assert ratio(pair("", "anything")) is None  # no ratio to an empty answer
+
+
+class ScriptedJudge:
+    """Prefers the answer equal to the reference; otherwise always says "A" (an order-biased judge)."""
+
+    def __init__(self, reply: str | None = None) -> None:
+        self.prompts: list[str] = []
+        self.reply = reply
+
+    def __call__(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = body["messages"][0]["content"]
+        self.prompts.append(prompt)
+        reference = prompt.split("Reference (may be empty):\n")[1].split("\n\nAnswer A:")[0]
+        a = prompt.split("Answer A:\n")[1].split("\n\nAnswer B:")[0]
+        b = prompt.split("Answer B:\n")[1]
+        choice = "B" if b == reference and a != reference else "A"
+        content = self.reply or json.dumps({"preference": choice, "reason": "scripted"})
+        return {"choices": [{"message": {"content": content}}]}
+
+
+def test_the_pairwise_judge_is_asked_twice_and_order_bias_becomes_a_tie() -> None:
+    judge = ScriptedJudge()
+    grade = graders.pairwise_judge(graders.JudgeEndpoint("http://judge/v1", "j", judge), "correct first")
+    better = grade(pair("1 2 3", "3 2 1", reference="1 2 3"))
+    assert better is not None and (better.stable, better.candidate) == (1.0, 0.0)
+    worse = grade(pair("3 2 1", "1 2 3", reference="1 2 3"))
+    assert worse is not None and (worse.stable, worse.candidate) == (0.0, 1.0)
+    biased = grade(pair("3 1 2", "2 1 3", reference="1 2 3"))  # neither right: the judge says "A" both times
+    assert biased is not None and (biased.stable, biased.candidate) == (0.5, 0.5)
+    assert len(judge.prompts) == 6
+    first, swapped = judge.prompts[0], judge.prompts[1]
+    assert "Answer A:\n1 2 3\n\nAnswer B:\n3 2 1" in first and "Answer A:\n3 2 1\n\nAnswer B:\n1 2 3" in swapped
+    assert "Request:\nsort 3 1 2" in first and "correct first" in first
+
+
+def test_a_judge_reply_without_a_preference_leaves_the_pair_ungraded() -> None:
+    judge = ScriptedJudge(reply="I think both are fine")
+    grade = graders.pairwise_judge(graders.JudgeEndpoint("http://judge/v1", "j", judge), "r")
+    assert grade(pair("a", "b")) is None
+    assert [graders.parse_preference(t) for t in ('{"preference": "b"}', '{"preference": "TIE"}', '{"x": 1}')] == [
+        "B",
+        "tie",
+        None,
+    ]
+    assert graders.preferred("A", "A") == "tie" and graders.preferred("B", "A") == "candidate"
+
+
+def test_the_policy_names_the_pair_graders_and_their_scores_feed_the_evidence() -> None:
+    from manifests.gates import GatePolicy
+
+    policy = GatePolicy.build(
+        paired={
+            "graders": [
+                {"name": "ref", "kind": "reference"},
+                {"name": "schema", "kind": "json-schema", "json_schema": {"type": "object"}},
+                {"name": "digits", "kind": "regex", "pattern": r"[0-9 ]+"},
+                {"name": "judge", "kind": "judge-pairwise", "rubric": "r"},
+            ]
+        }
+    )
+    assert policy.paired is not None
+    with pytest.raises(graders.GraderError, match="needs a judge endpoint"):
+        graders.pair_graders(policy.paired.graders)
+    built = graders.pair_graders(policy.paired.graders, graders.JudgeEndpoint("http://j/v1", "j", ScriptedJudge()))
+    assert sorted(built) == ["digits", "judge", "schema"]
+    stable = [record("1 2", request_id="a", arm="stable"), record("3", request_id="b", arm="stable")]
+    candidate = [record("1 2", request_id="a"), record("x", request_id="c")]
+    pairs = graders.answer_pairs(stable, candidate, {"a": "sort 2 1"})
+    assert [(p.request_id, p.prompt) for p in pairs] == [("a", "sort 2 1")]  # only mirrored requests pair
+    scores = graders.grade_pairs(pairs, built)
+    assert scores["digits"] == {"a": (1.0, 1.0)} and scores["schema"] == {"a": (0.0, 0.0)}
+    assert scores["judge"] == {"a": (0.5, 0.5)}

@@ -38,6 +38,7 @@ def test_paired_and_slicing_sections_round_trip() -> None:
     [
         ({"graders": [{"name": "j", "kind": "judge-pairwise"}]}, "needs rubric"),
         ({"graders": [{"name": "r", "kind": "regex"}]}, "needs pattern"),
+        ({"graders": [{"name": "r", "kind": "regex", "pattern": "(unclosed"}]}, "does not compile"),
         ({"graders": [{"name": "l", "kind": "length-ratio", "min_ratio": "2", "max_ratio": "1"}]}, "min_ratio"),
         ({"graders": [{"name": "s", "kind": "json-schema", "json_schema": {"maximum": 0.5}}]}, "float"),
         ({"graders": [{"name": "Bad Name", "kind": "not-empty"}]}, "name"),
