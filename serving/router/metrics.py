@@ -63,6 +63,7 @@ class RouterMetrics:
         self.in_flight: dict[Labels, int] = defaultdict(int)
         self.events: dict[Labels, int] = defaultdict(int)  # shadow and snapshot counters, by kind
         self.generation: dict[Labels, int] = {}
+        self.process: dict[str, int] = {}  # gauges of the process, set at scrape: tasks, connections
         self.ttft = Histogram("revgate_router_ttft_seconds", "Arrival to first response byte.", LATENCY_BUCKETS_S)
         self.tpot = Histogram("revgate_router_tpot_seconds", "Time per output token after the first.", TPOT_BUCKETS_S)
         self.e2e = Histogram("revgate_router_e2e_seconds", "Arrival to the last response byte.", LATENCY_BUCKETS_S)
@@ -79,6 +80,8 @@ class RouterMetrics:
         for (event, route), count in sorted(self.events.items()):
             name = f"revgate_router_{event[1]}_total"
             lines += [f"# TYPE {name} counter", f"{name}{_labels((route,))} {count}"]
+        for name, value in sorted(self.process.items()):
+            lines += [f"# TYPE revgate_router_{name} gauge", f"revgate_router_{name} {value}"]
         for histogram in (self.ttft, self.tpot, self.e2e):
             lines += histogram.render()
         return ("\n".join(lines) + "\n").encode()

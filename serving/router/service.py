@@ -609,7 +609,7 @@ class Router:
         """The admin port: /metrics (open), /admin/* (bearer token)."""
         path = request.path.split(b"?", 1)[0]
         if path == b"/metrics":
-            self._export_mirror_counters()
+            self._export_gauges()
             caller.respond(200, self.metrics.render(), content_type=b"text/plain; version=0.0.4")
             return
         if not self._authorised(request):
@@ -633,11 +633,17 @@ class Router:
     def _generation(self) -> int:
         return 0 if self.route is None else self.route.snapshot.generation
 
-    def _export_mirror_counters(self) -> None:
+    def _export_gauges(self) -> None:
+        """Values read at scrape time: the mirror's counters, and what a leak would grow (for the soak)."""
         counters = self.mirror.counters
         route = self.config.route
         for name, value in (("shadow_sent", counters.sent), ("shadow_failed", counters.failed)):
             self.metrics.events[(("event", name), ("route", route))] = value
+        self.metrics.process.update(
+            tasks=len(asyncio.all_tasks()),
+            open_connections=sum(len(watchdog.connections) for watchdog in self._watchdogs),
+            shadow_held_bytes=self.mirror.held_bytes,
+        )
 
     # --- lifecycle -------------------------------------------------------------------------
 
