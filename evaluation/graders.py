@@ -128,11 +128,15 @@ def not_refusal_or_empty(record: RequestRecord) -> Grade | None:
     return Grade(1.0, "answered")
 
 
-def stop_reason_grader(allowed: Sequence[str] = ("stop",)) -> Grader:
-    """1 when the finish reason is one of ``allowed`` (e.g. a truncated 'length' answer scores 0)."""
+def stop_reason_grader(allowed: Sequence[str] = ("stop",), *, unknown_applies: bool = True) -> Grader:
+    """1 when the finish reason is one of ``allowed`` (e.g. a truncated 'length' answer scores 0).
+
+    With ``unknown_applies`` off, an answer whose finish reason was not recorded is not graded
+    (missing evidence) instead of scoring 0: a pair must not lose for a field one side lacks.
+    """
 
     def grade(record: RequestRecord) -> Grade | None:
-        if record.outcome != "ok":
+        if record.outcome != "ok" or (record.finish_reason is None and not unknown_applies):
             return None
         reason = record.finish_reason or "unknown"
         return Grade(1.0 if reason in allowed else 0.0, f"finish reason {reason}")
@@ -386,7 +390,7 @@ def _record_grader(spec: PairedGrader) -> Grader:
     if spec.kind == "regex":
         return regex_grader(spec.pattern or "")
     if spec.kind == "stop-reason":
-        return stop_reason_grader(spec.allowed_finish)
+        return stop_reason_grader(spec.allowed_finish, unknown_applies=False)
     by_kind: dict[str, Grader] = {"not-refusal": not_refusal, "not-empty": not_empty}
     if spec.kind not in by_kind:
         raise GraderError(f"grader {spec.name!r} of kind {spec.kind} is not a pair grader", fix="Use another kind.")

@@ -30,6 +30,7 @@ class PairedRecord:
     shadow_prompt_tokens: int | None = None
     shadow_output_tokens: int | None = None
     caller_request_id: str = ""  # the caller's own x-request-id (request_id is the router's)
+    shadow_finish_reason: str | None = None  # "length" = truncated; None when the answer did not say
 
     def to_json(self) -> str:
         """One JSON line (no trailing newline)."""

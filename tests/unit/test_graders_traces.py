@@ -160,6 +160,14 @@ def test_a_record_grader_scores_both_answers_of_a_pair() -> None:
     assert stop(truncated) == graders.PairGrade(1.0, 0.0, "stable: finish reason stop; candidate: finish reason length")
     failed = graders.AnswerPair(record("x"), record(None, outcome="error"))
     assert stop(failed) is None  # one side does not apply: no pair
+    from manifests.gates import PairedGrader
+
+    policy_stop = graders.pair_grader(PairedGrader(name="stop", kind="stop-reason"))
+    unknown = graders.AnswerPair(record("1 2 3", finish_reason="stop"), record("1 2 3"))
+    assert policy_stop(unknown) is None  # a finish reason one side did not record is missing, not a loss
+    assert policy_stop(truncated) == graders.PairGrade(
+        1.0, 0.0, "stable: finish reason stop; candidate: finish reason length"
+    )
 
 
 def test_length_ratio_against_the_stable_answer() -> None:
@@ -241,3 +249,28 @@ def test_the_policy_names_the_pair_graders_and_their_scores_feed_the_evidence() 
     scores = graders.grade_pairs(pairs, built)
     assert scores["digits"] == {"a": (1.0, 1.0)} and scores["schema"] == {"a": (0.0, 0.0)}
     assert scores["judge"] == {"a": (0.5, 0.5)}
+
+
+def test_a_paired_record_keeps_the_shadow_finish_reason_and_reads_older_lines() -> None:
+    from shadow.records import PairedRecord
+
+    fields: dict[str, Any] = {
+        "request_id": "r",
+        "route": "chat",
+        "generation": 2,
+        "path": "/v1/chat/completions",
+        "stable_revision": "s",
+        "shadow_revision": "c",
+        "stable_status": 200,
+        "stable_output": "a",
+        "stable_ttft_s": 0.1,
+        "stable_e2e_s": 0.3,
+        "shadow_status": 200,
+        "shadow_output": "b",
+        "shadow_ttft_s": 0.2,
+        "shadow_e2e_s": 0.5,
+    }
+    older = PairedRecord.from_json(json.dumps(fields))
+    assert older.shadow_finish_reason is None
+    truncated = PairedRecord(**(fields | {"shadow_finish_reason": "length"}))
+    assert PairedRecord.from_json(truncated.to_json()) == truncated
