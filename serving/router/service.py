@@ -13,7 +13,6 @@ import contextlib
 import gc
 import json
 import logging
-import os
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, fields
@@ -25,6 +24,7 @@ from manifests.errors import ManifestInvalid, RevgateError
 from manifests.route import RouteSnapshot, RouteStore
 from serving.admin_token import authorized
 from serving.router.http import Request, ServerConnection, serve
+from serving.router.ids import RequestIds, bad_id, caller_text
 from serving.router.limits import MIB, Limits, Watchdog
 from serving.router.metrics import RouterMetrics
 from serving.router.parse import Usage, output_text, rewrite_model, usage_of
@@ -42,7 +42,6 @@ PROXIED = {
     ("POST", b"/v1/chat/completions"),
     ("GET", b"/v1/models"),
 }
-MAX_ID_BYTES = 256  # a caller's x-request-id or x-tenant-id
 NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
 
 
@@ -61,27 +60,6 @@ class RouterConfig:
     shadow_concurrency: int = 4
     shadow_connect_timeout_s: float = 2.0
     limits: Limits = field(default_factory=Limits)  # the HTTP front's caps and timeouts, on the public and admin ports
-
-
-class RequestIds:
-    """Request ids the router makes: 96 bits from the OS's random source, read 4 KiB at a time.
-
-    Unpredictable and unique, so no caller can choose or collide with another request's id (the
-    records and the shadow sample are keyed by it), without a getrandom() call per request.
-    """
-
-    __slots__ = ("offset", "pool")
-
-    def __init__(self) -> None:
-        self.pool, self.offset = b"", 0
-
-    def next(self) -> bytes:
-        """A new id: 24 hex digits."""
-        offset = self.offset
-        if offset + 12 > len(self.pool):
-            self.pool, offset = os.urandom(4092), 0
-        self.offset = offset + 12
-        return self.pool[offset:offset + 12].hex().encode()
 
 
 @dataclass(slots=True)
@@ -167,25 +145,6 @@ def _outcome(status: int) -> Outcome:
     if status < 400:
         return "ok"
     return "rejected" if status in (429, 503) else "error"
-
-
-def _text(value: bytes) -> str | None:
-    """A caller's id header as text; None when it is not UTF-8 or too long to be an id."""
-    if len(value) > MAX_ID_BYTES:
-        return None
-    if value.isascii():
-        return value.decode("ascii")
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _bad_id(name: str) -> bytes:
-    return json.dumps({"error": {
-        "message": f"{name} is not UTF-8 text of at most {MAX_ID_BYTES} bytes", "type": "invalid_request_error",
-        "where": f"header {name}", "fix": f"Send {name} as short UTF-8 text, or leave it out.",
-    }}).encode()
 
 
 def _slices(header: bytes | None) -> dict[str, str]:
@@ -296,11 +255,11 @@ class Router:
         """Everything decided at entry; None (answered 400, connection kept) for an unreadable id header."""
         headers = request.headers
         arrival = time.time()
-        caller_id = _text(headers.get(b"x-request-id", b""))
+        caller_id = caller_text(headers.get(b"x-request-id", b""))
         tenant_raw = headers.get(b"x-tenant-id", b"")
-        tenant = _text(tenant_raw)
+        tenant = caller_text(tenant_raw)
         if caller_id is None or tenant is None:
-            caller.respond(400, _bad_id("x-request-id" if caller_id is None else "x-tenant-id"),
+            caller.respond(400, bad_id("x-request-id" if caller_id is None else "x-tenant-id"),
                            keep_alive=request.keep_alive)
             caller.request_done()
             return None

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from serving.admin_token import AdminTokenInvalid, authorized, load_admin_token
+from serving.router.ids import RequestIds
 from serving.router.limits import Limits
-from serving.router.service import RequestIds
 from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
 
 
