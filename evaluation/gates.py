@@ -203,15 +203,17 @@ def decision_numbers(
 
 
 def scores_by_slice(
-    records: Sequence[RequestRecord], scores: Mapping[str, float], keys: Sequence[str]
+    records: Sequence[RequestRecord],
+    scores: Mapping[str, float],
+    keys: Sequence[str],
+    slice_of: Callable[[RequestRecord], str] | None = None,
 ) -> dict[str, list[tuple[float, float]]]:
-    """(arrival, score) pairs of successful, graded records, by slice."""
+    """(arrival, score) pairs of successful, graded records, by slice (``slice_of``, else the ``keys`` labels)."""
+    name = slice_of or (lambda record: metrics.slice_name(record, keys))
     by_slice: dict[str, list[tuple[float, float]]] = {}
     for record in records:
         if record.outcome == "ok" and record.request_id in scores:
-            by_slice.setdefault(metrics.slice_name(record, keys), []).append(
-                (record.arrival_s, scores[record.request_id])
-            )
+            by_slice.setdefault(name(record), []).append((record.arrival_s, scores[record.request_id]))
     return by_slice
 
 
@@ -224,9 +226,9 @@ class QualityGate:
 
     def evaluate(self, evidence: Evidence) -> GateResult:
         """Bonferroni across slices; small slices inconclusive; critical slices without evidence fail at the end."""
-        keys = self.policy.slice_keys
-        stable = scores_by_slice(evidence.stable, evidence.stable_scores, keys)
-        candidate = scores_by_slice(evidence.candidate, evidence.candidate_scores, keys)
+        keys, slice_of = self.policy.slice_keys, slice_function(self.policy)
+        stable = scores_by_slice(evidence.stable, evidence.stable_scores, keys, slice_of)
+        candidate = scores_by_slice(evidence.candidate, evidence.candidate_scores, keys, slice_of)
         names = sorted(set(stable) | set(candidate) | {c for c in self.policy.critical_slices})
         alpha = float(self.policy.alpha) / max(len(names), 1)
         slices = tuple(self._slice(n, stable.get(n, []), candidate.get(n, []), alpha, evidence.final) for n in names)
@@ -239,7 +241,8 @@ class QualityGate:
             gate=self.name,
             outcome=outcome,
             reason=reason,
-            numbers={"slices": str(len(names)), "alpha_per_slice": fmt(alpha, 6)},
+            numbers={"slices": str(len(names)), "alpha_per_slice": fmt(alpha, 6)}
+            | _unmatched_numbers((*evidence.stable, *evidence.candidate), self.policy),
             slices=slices,
         )
 
@@ -449,10 +452,11 @@ def _plan(settings: PairedPolicy, alpha: float) -> paired.LookPlan:
     return paired.LookPlan(alpha, settings.max_pairs_per_stage, settings.look_every)
 
 
-def _unmatched_numbers(evidence: Evidence, policy: GatePolicy) -> dict[str, str]:
+def _unmatched_numbers(records: Sequence[RequestRecord], policy: GatePolicy) -> dict[str, str]:
+    """How many requests no slicing rule matched, and their commonest features (nothing without rules)."""
     if policy.slicing is None:
         return {}
-    found = slicing.census(evidence.stable, policy.slicing)
+    found = slicing.census(records, policy.slicing)
     top = sorted(found.unmatched.items(), key=lambda item: -item[1])[:3]
     return {
         "unmatched_requests": str(found.unmatched_requests),
@@ -491,7 +495,7 @@ class PairedQualityGate:
             gate=self.name,
             outcome=outcome,
             reason=reason,
-            numbers=numbers | _unmatched_numbers(evidence, self.policy),
+            numbers=numbers | _unmatched_numbers(evidence.stable, self.policy),
             slices=slices,
         )
 

@@ -70,3 +70,38 @@ def test_unmatched_traffic_is_counted_by_its_features_not_dropped() -> None:
         "route=api,tenant=zeta,class=?,task=poem,length=short": 2,
         "route=?,tenant=?,class=?,task=?,length=?": 1,
     }
+
+
+def test_the_two_sample_quality_gate_slices_live_canary_traffic_by_the_rules() -> None:
+    from evaluation.gates import Evidence, QualityGate
+    from manifests.gates import GatePolicy
+
+    policy = GatePolicy.build(
+        min_samples_per_slice=10,
+        max_samples_per_stage=100,
+        look_every=50,
+        slicing={"rules": [{"slice": "extract", "task": "extract"}]},
+    )
+
+    def arm(name: str) -> tuple[RequestRecord, ...]:
+        tasks = ("extract", "poem")
+        return tuple(
+            RequestRecord(
+                f"{name}{i}",
+                name,
+                "stable" if name == "s" else "candidate",
+                i * 0.1,
+                "ok",
+                tenant="acme",
+                slices={"task": tasks[i % 2]},
+                prompt_tokens=50,
+            )
+            for i in range(40)
+        )
+
+    stable, candidate = arm("s"), arm("c")
+    scores = {r.request_id: 1.0 for r in (*stable, *candidate)}
+    result = QualityGate(policy).evaluate(Evidence(stable, candidate, scores, scores))
+    assert [s.slice for s in result.slices] == ["extract", "unmatched"]
+    assert result.numbers["unmatched_requests"] == "40"  # 20 per arm: both arms of a canary are counted
+    assert result.numbers["unmatched_features"] == "route=?,tenant=acme,class=?,task=poem,length=short x40"
