@@ -11,6 +11,7 @@ the summary to ``ZOO/eval/summary.json``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import statistics
@@ -22,7 +23,10 @@ from typing import Any
 from evaluation.records import RequestRecord
 from evaluation.reference_task import MAX_ANSWER_CHARS, Example, accuracy_by_slice, balanced_examples, is_correct
 from manifests.revision import ExecutionConfig
-from serving.worker.engine import EngineProcess, LoraModule, serve
+from registry.runtime import LOCK_NAME
+from serving.worker import engine as engine_module
+from serving.worker.engine import EngineProcess, LoraModule, engine_python, serve
+from zoo import measure
 from zoo.files import json_bytes
 from zoo.index import ZooRevision, folder_lock, load_revisions, read_index
 from zoo.measure import chat_records, latency_records, paired_tpot_ratio, quality_records
@@ -37,6 +41,9 @@ LATENCY_CONCURRENCY = 4
 LATENCY_REQUESTS = 64
 CHAT_PER_SLICE = 20
 PAIRED_PER_SLICE = 4
+# The code that decides the measurements (the zoo's build key covers the weights); the engine build
+# is covered by its lock. A change to any of them measures the zoo again.
+EVAL_SOURCES = (Path(__file__), Path(str(measure.__file__)), Path(str(engine_module.__file__)))
 # The zoo is served as it was trained: float32, eager, a short context, LoRA rank 8 available.
 ZOO_EXECUTION = ExecutionConfig.build(
     dtype="float32", max_model_len=64, enforce_eager=True, enable_lora=True, max_lora_rank=8
@@ -213,8 +220,23 @@ def _evaluate(
                 if measure:
                     served = [revision.name, *(adapter.name for adapter in adapters)]
                     reports |= _measure_engine(engine, served, examples, out=out, log=log, reference=reference)
-    write_summary(out / SUMMARY_FILE, reports, per_slice, read_index(zoo_dir)["cache_key"])
+    write_summary(out / SUMMARY_FILE, reports, per_slice, evaluation_key(zoo_dir))
     return reports
+
+
+def engine_lock() -> Path:
+    """The engine environment's lock file, whose bytes identify the engine build."""
+    return engine_python().parent.parent / LOCK_NAME
+
+
+def evaluation_key(zoo_dir: Path, sources: Sequence[Path] = EVAL_SOURCES, lock: Path | None = None) -> str:
+    """Digest over the zoo's build key, the evaluation and serving code, and the engine lock."""
+    digest = hashlib.sha256(str(read_index(zoo_dir)["cache_key"]).encode())
+    for source in sources:
+        digest.update(source.read_bytes())
+    lock = lock or engine_lock()
+    digest.update(lock.read_bytes() if lock.exists() else b"no engine lock")
+    return "sha256:" + digest.hexdigest()
 
 
 def evaluated_zoo(zoo_dir: Path, per_slice: int, log: Callable[[str], None] = print) -> dict[str, RevisionReport]:
@@ -237,7 +259,7 @@ def load_summary(zoo_dir: Path, per_slice: int) -> dict[str, RevisionReport] | N
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    current = data.get("cache_key") == read_index(zoo_dir)["cache_key"] and data.get("per_slice") == per_slice
+    current = data.get("cache_key") == evaluation_key(zoo_dir) and data.get("per_slice") == per_slice
     if not current or set(data["revisions"]) != set(load_revisions(zoo_dir)):
         return None
     try:

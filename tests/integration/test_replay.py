@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cli.main import main
@@ -38,14 +39,20 @@ def entries(n: int, rate: float, delay_ms: int, tokens: int = 4) -> list[TraceEn
 
 
 def test_requests_leave_on_schedule_while_earlier_ones_are_still_streaming(farm: UpstreamFarm) -> None:
-    # 40 requests over 0.4 s, each streaming 4 tokens 60 ms apart (~240 ms): a closed loop would need ~10 s.
-    result = asyncio.run(replay(entries(40, 100.0, 60), farm["replay-a"].url + "/v1", "replay-a"))
+    # 40 requests over 0.4 s, each streaming 4 tokens 60 ms apart. Bounds are relative to requests of the
+    # same shape sent alone, one after another, in this test: on a busy machine both slow down together.
+    target = farm["replay-a"].url + "/v1"
+    alone = asyncio.run(replay(entries(3, 2.0, 60), target, "replay-a"))
+    request_s = max(metrics.latencies_ms(alone.records, "e2e")) / 1000
+    alone_tpot = float(np.median(metrics.latencies_ms(alone.records, "tpot")))
+    result = asyncio.run(replay(entries(40, 100.0, 60), target, "replay-a"))
     assert len(result.records) == 40 and {r.outcome for r in result.records} == {"ok"}
-    assert result.wall_s < 2.5
-    assert max(result.lateness_s) < 0.1
+    assert result.wall_s < 0.4 + 3 * request_s  # a closed loop would need 40 request times
+    assert max(result.lateness_s) < request_s  # no request waited for an earlier one to finish
     ttft = metrics.latencies_ms(result.records, "ttft")
     tpot = metrics.latencies_ms(result.records, "tpot")
-    assert ttft.min() >= 55 and 55 <= float(sorted(tpot)[20]) < 150
+    assert ttft.min() >= 55  # the server's first-token delay: a physical lower bound, not a speed goal
+    assert 55 <= float(np.median(tpot)) < 2.5 * alone_tpot  # streams overlap without slowing each other down
     first = next(r for r in result.records if r.request_id == "r0")
     assert first.output_tokens == 4 and first.output_text == "replay-a-0 replay-a-1 replay-a-2 replay-a-3 "
     assert first.finish_reason == "length" and first.reference == "x" and first.slices == {"family": "add"}

