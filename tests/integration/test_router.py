@@ -168,16 +168,21 @@ def test_shadow_never_reaches_the_caller_and_skips_side_effecting_tools(
 def test_corrupt_snapshot_in_the_store_is_ignored_and_the_last_good_one_kept(router: RouterProcess,
                                                                               farm: UpstreamFarm) -> None:
     good = router.commit(stable_a(farm))
-    current = router.store.root / ROUTE / "current.json"
-    saved = current.read_bytes()
+    # The store heals a corrupt current from its history: only when every copy is corrupt does it
+    # have nothing valid to give, and the router must keep serving what it has.
+    folder = router.store.root / ROUTE
+    files = [folder / "current.json", *sorted((folder / "history").glob("*.json"))]
+    saved = {path: path.read_bytes() for path in files}
     try:
-        current.write_text('{"kind": "RouteSnapshot", "generation": 999, "stable": ')
+        for path in files:
+            path.write_text('{"kind": "RouteSnapshot", "generation": 999, "stable": ')
         assert router.notify()["result"] == "invalid"
         response = complete(router)
         assert response.status_code == 200
         assert response.headers["x-revgate-generation"] == str(good.generation)
     finally:
-        current.write_bytes(saved)
+        for path, content in saved.items():
+            path.write_bytes(content)
     metrics = httpx.get(f"{router.admin_url}/metrics").text
     assert 'revgate_router_snapshot_invalid_total{route="chat"}' in metrics
 
