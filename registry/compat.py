@@ -29,6 +29,12 @@ class EngineCapabilities:
 
 
 CPU_ENGINE = EngineCapabilities()
+# GPU vLLM's attention kernels take any head size that is a multiple of 8 up to 256, and more
+# quantization kernels than the CPU build.
+GPU_ENGINE = EngineCapabilities(
+    head_sizes=frozenset(range(32, 257, 8)),
+    quantization=frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "fp8", "bitsandbytes"}),
+)
 
 
 @dataclass(frozen=True)

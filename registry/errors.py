@@ -81,3 +81,7 @@ class RuntimeUnknown(RevgateError):
 
 class SigningError(RevgateError):
     """An artifact could not be signed (unsupported key, certificate not matching the key)."""
+
+
+class ArtifactRefused(RevgateError):
+    """An artifact will not be loaded: no signature published, another runtime pinned, a store mismatch."""
