@@ -49,6 +49,7 @@ LATENCY_SIGMA = 0.5  # standard deviation of log latency within one request clas
 SEED = 20261129
 PAIRED_HORIZON = 600
 PAIRED_BATCH = 50
+PAIRED_LATENCY_TOLERANCE = math.log1p(0.6)  # a paired latency margin of 0.6 (1.6x), above 1.5x scheduling noise
 
 
 def cumulative_successes(
@@ -177,6 +178,33 @@ def paired_figures(rng: np.random.Generator, sims: int) -> dict[str, dict[str, f
     }
 
 
+def paired_latency_verdicts(
+    rng: np.random.Generator, sims: int, ratio: float, alpha: float
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The paired latency gate on simulated log ratios: verdict codes and pairs at the decision (inf if none)."""
+    d = rng.normal(math.log(ratio), LATENCY_SIGMA, size=(sims, PAIRED_HORIZON))
+    plan = paired.LookPlan(alpha, PAIRED_HORIZON, PAIRED_BATCH)
+    sizes = np.array(plan.sizes())
+    total, total_sq = np.cumsum(d, axis=1)[:, sizes - 1], np.cumsum(d * d, axis=1)[:, sizes - 1]
+    estimate, se = paired.latency_gap(total, total_sq, sizes.astype(float))
+    code, first = sequential.verdicts(estimate - PAIRED_LATENCY_TOLERANCE, se, np.array(plan.bounds()), 0.0)
+    return code, np.where(first >= 0, sizes[np.maximum(first, 0)], np.inf).astype(float)
+
+
+def paired_latency_figures(rng: np.random.Generator, sims: int) -> dict[str, dict[str, float]]:
+    """A 3.5x slowdown, a 1.5x scheduling bias and a ratio exactly at the margin, per metric's alpha."""
+    alpha = ALPHA / 2  # two latency metrics share the alpha
+    slow, slow_at = paired_latency_verdicts(rng, sims, 3.5, alpha)
+    bias, _ = paired_latency_verdicts(rng, sims, 1.5, alpha)
+    edge, _ = paired_latency_verdicts(rng, sims, math.exp(PAIRED_LATENCY_TOLERANCE), alpha)
+    return {
+        "paired_latency_3_5x_median_pairs": {"revgate": float(np.median(slow_at))},
+        "paired_latency_3_5x_caught_by_600": {"revgate": float((slow == sequential.WORSE).mean())},
+        "paired_latency_1_5x_bias_failed": {"revgate": float((bias == sequential.WORSE).mean())},
+        "paired_latency_at_margin_failed": {"revgate": float((edge == sequential.WORSE).mean())},
+    }
+
+
 def run() -> dict[str, object]:
     """Every figure, side by side."""
     rng = np.random.default_rng(SEED)
@@ -193,7 +221,7 @@ def run() -> dict[str, object]:
     shift = latency_detection_samples(rng, 4000, math.log(1.2), LATENCY_SIGMA, latency_alpha)
     shift_wide = latency_detection_samples(rng, 4000, math.log(1.2), 2 * LATENCY_SIGMA, latency_alpha)
     systems = ("revgate", "naive", "fixed")
-    paired_rows = paired_figures(rng, sims)
+    paired_rows = paired_figures(rng, sims) | paired_latency_figures(rng, 4000)
     return {
         "fwer_12_slices": {s: float(fwer[s].mean()) for s in systems},
         "type1_one_slice": {s: float(type1[s].mean()) for s in systems},
@@ -216,6 +244,8 @@ def run() -> dict[str, object]:
             "paired_horizon_pairs": PAIRED_HORIZON,
             "paired_look_every": PAIRED_BATCH,
             "paired_simulations": sims,
+            "paired_latency_margin": 0.6,
+            "paired_latency_simulations": 4000,
             "seed": SEED,
         },
     }
