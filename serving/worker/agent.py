@@ -258,7 +258,7 @@ class WorkerAgent:
         self._timed(replica_id, fetch_s=prepared.fetch_s, verify_s=prepared.verify_s)
         if running.stopping:
             return
-        engine = self.engine_for(running.request, prepared.model_dir, running.log_path)
+        engine = self.engine_for(running.request, prepared.served, running.log_path)
         running.engine = engine
         engine_started = time.monotonic()
         # On the loop, not in a thread: a drain can then never miss a process started behind its back.
@@ -269,7 +269,7 @@ class WorkerAgent:
         self._timed(replica_id, engine_start_s=time.monotonic() - engine_started, load_s=time.monotonic() - started)
         # vLLM has read its files now: what it read is what was verified unless they moved since.
         await asyncio.to_thread(recheck, prepared.model_dir, prepared.stamps)
-        running.vocab = vocab_size(prepared.model_dir)
+        running.vocab = vocab_size(prepared.served)
 
     async def _prepare(self, running: _Running) -> PreparedArtifact:
         """Verify into the replica's folder; a drain that cancels the wait still gets the folder removed."""
@@ -282,9 +282,9 @@ class WorkerAgent:
             raise
 
     def engine_for(self, request: ReplicaRequest, model_dir: Path, log_path: Path) -> SupervisedEngine:
-        """The (unstarted) engine for a verified model directory: this host's device, a free loopback
-        port (never the worker's address), the revision's execution config, and the fingerprint in
-        the served model name.
+        """The (unstarted) engine for a verified model (its folder, or a single-file artifact's one
+        file): this host's device, a free loopback port (never the worker's address), the revision's
+        execution config, and the fingerprint in the served model name.
         """
         execution = request.revision.execution
         port = free_port(ENGINE_HOST)

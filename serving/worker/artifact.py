@@ -25,6 +25,7 @@ from registry.errors import VerificationError
 from registry.runtime import engine_runtime
 from registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy, Policy
 from registry.store import open_store
+from registry.tree import served_path
 from registry.verify import verify_artifact
 from serving.worker.engine import Device
 from serving.worker.request import ReplicaRequest, SignaturePolicySpec
@@ -52,6 +53,7 @@ class PreparedArtifact:
     verify_s: float
     fetched: bool  # False on a cache hit
     stamps: dict[str, FileStamp]
+    served: Path  # what the engine loads: ``model_dir``, or its one file for a single-file artifact
 
 
 def trust_policy(spec: SignaturePolicySpec) -> Policy:
@@ -111,9 +113,15 @@ def check_runtime(request: ReplicaRequest, engine_venv: Path) -> None:
 
 
 def verify(request: ReplicaRequest, model_dir: Path, signature_path: Path, engine: EngineCapabilities) -> None:
-    """Re-hash the files to be loaded, check the signature against the policy, and the compatibility."""
+    """Re-hash the files to be loaded, check the signature against the policy, and the compatibility.
+
+    A single-file artifact (a GGUF file) carries its model config inside the file, where the engine
+    reads it; the config.json checks apply to folders only.
+    """
     revision = request.revision
     verify_artifact(model_dir, revision.artifact, signature_path, trust_policy(request.signature_policy))
+    if served_path(model_dir, revision.artifact) != model_dir:
+        return
     check_compatibility(model_dir, revision.artifact, revision.execution, revision.interface, revision.adapter,
                         engine=engine)
 
@@ -174,4 +182,4 @@ class ArtifactPreparer:
                     error.args = (f"{error} The cache entry was moved to {where}; the next start fetches it again.",)
                 raise
         return PreparedArtifact(loaded, signature_path, fetched_at - started, time.monotonic() - fetched_at,
-                                fetched, verified)
+                                fetched, verified, served_path(loaded, request.revision.artifact))

@@ -21,6 +21,7 @@ from registry.errors import DigestMismatch, IncompatibleArtifact, UntrustedSigne
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
+from serving.worker.agent import WorkerAgent
 from serving.worker.artifact import ArtifactPreparer, ArtifactRefused, cache_paths
 from serving.worker.request import ReplicaRequest
 from serving.worker.sealed import ArtifactChanged, is_read_only, recheck
@@ -191,3 +192,35 @@ def test_a_worker_fetches_from_s3_and_verifies(
     prepared = ArtifactPreparer(venv)(request, tmp_path / "cache")
     assert prepared.fetched
     assert sorted(path.name for path in prepared.model_dir.iterdir()) == sorted(path.name for path in model.iterdir())
+
+
+def test_a_single_file_artifact_is_fetched_verified_and_served_as_its_one_file(tmp_path: Path) -> None:
+    venv = fake_engine_venv(tmp_path / "venv")
+    model = tmp_path / "models" / "tiny.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(range(256)) * 64)
+    manifest = build_manifest(model)
+    keys, _ = write_key(tmp_path / "keys", "signer")
+    signature = tmp_path / "tiny.sig"
+    sign_with_key(manifest, signature, keys.private, single_file=True)  # model_signing's "." for the one file
+    open_store(str(tmp_path / "store")).push(model, manifest, signature)
+    # The interface asks for chat: a GGUF file carries its template inside, where the engine reads it.
+    revision = ServiceRevision.build(name="gguf", artifact=manifest, runtime=engine_runtime(venv),
+                                     execution=ExecutionConfig.build(max_model_len=64), interface=InterfacePolicy())
+    request = ReplicaRequest.build(revision=revision, store=str(tmp_path / "store"),
+                                   warm=WarmProfile.build(prompt_lengths=[8]),
+                                   signature_policy={"kind": "key", "public_key": str(keys.public)})
+    preparer, cache = ArtifactPreparer(venv), tmp_path / "cache"
+    prepared = preparer(request, cache, cache / "replicas" / "r-1")
+    assert prepared.fetched and prepared.served == cache / "replicas" / "r-1" / "tiny.gguf"
+    assert prepared.served.read_bytes() == model.read_bytes() and is_read_only(prepared.model_dir)
+    engine = WorkerAgent(tmp_path / "agent", engine_python=venv / "bin" / "python").engine_for(
+        request, prepared.served, tmp_path / "log")
+    assert engine.command[engine.command.index("--model") + 1] == str(prepared.served)
+
+    entry = cache_paths(cache, request.manifest_digest)[0]
+    write_in_place(entry / "tiny.gguf", model.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(DigestMismatch, match=r"tiny\.gguf.*quarantine"):
+        preparer(request, cache, cache / "replicas" / "r-2")
+    with pytest.raises(ArtifactChanged, match=r"r-1/tiny\.gguf"):
+        recheck(prepared.model_dir, prepared.stamps)
