@@ -240,6 +240,11 @@ class GatePolicy(Document):
             raise ValueError("min_samples_per_slice is larger than max_samples_per_stage: no slice could pass")
         if len(set(self.slice_keys)) != len(self.slice_keys):
             raise ValueError("slice_keys repeats a key")
+        if self.paired is not None and self.paired.graders:
+            covered = {s for g in self.paired.graders for s in g.slices}
+            untested = [c for c in self.critical_slices if "*" not in covered and c not in covered]
+            if untested:
+                raise ValueError(f"no paired grader feeds the critical slices {', '.join(untested)}")
         return self
 
     @model_serializer(mode="wrap")

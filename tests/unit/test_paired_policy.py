@@ -55,3 +55,11 @@ def test_a_bad_paired_section_is_refused_with_the_problem_named(paired: dict[str
 def test_a_slicing_rule_may_not_take_the_reserved_unmatched_name() -> None:
     with pytest.raises(ManifestInvalid, match="reserved"):
         GatePolicy.build(slicing={"rules": [{"slice": "unmatched", "tenant": "a"}]})
+
+
+def test_a_critical_slice_no_paired_grader_feeds_is_refused() -> None:
+    graders = [{"name": "json", "kind": "json-schema", "json_schema": {"type": "object"}, "slices": ["extract"]}]
+    with pytest.raises(ManifestInvalid, match="critical slices chat"):
+        GatePolicy.build(critical_slices=["extract", "chat"], paired={"graders": graders})
+    wide = [*graders, {"name": "judge", "kind": "judge-pairwise", "rubric": "r"}]
+    assert GatePolicy.build(critical_slices=["extract", "chat"], paired={"graders": wide}).paired is not None
