@@ -367,9 +367,14 @@ def test_another_signature_policy_is_refused_while_the_artifact_loads(tmp_path: 
         assert [replica.replica_id for replica in agent.replicas()] == [first.replica_id]
         second = agent.start(request)  # the same policy shares the load
         release.set()
-        for replica_id in (first.replica_id, second.replica_id):
-            while agent.replica(replica_id).state is not S.FAILED:
+
+        async def both_failed() -> None:
+            while {agent.replica(r.replica_id).state for r in (first, second)} != {S.FAILED}:
                 await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(both_failed(), 30)
+        failure = agent.replica(first.replica_id).failure
+        assert failure is not None and failure.error == "ManifestInvalid"
         agent.start(other)  # nothing loads it any more
         await agent.close()
 
