@@ -260,7 +260,8 @@ async def drive(args: argparse.Namespace, *, port: int, admin: int, pid: int, st
     stop_at = started_at + args.minutes * 60
     clients = [asyncio.create_task(client(port, tally, stop_at, args.pace)) for _ in range(args.clients)]
     next_swap, next_sample = started_at + args.swap_every, started_at
-    async with httpx.AsyncClient(timeout=10) as http:
+    # A new connection per notify: a kept-alive one may meet the admin port's idle timeout mid-request.
+    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as http:
         while time.monotonic() < stop_at:
             now = time.monotonic()
             if now >= next_sample:
