@@ -48,10 +48,10 @@ from registry.build import build_manifest
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
-from serving.worker.engine import EngineProcess, engine_command, engine_env, engine_python, free_port
 from serving.worker.agent import served_model_name
 from serving.worker.auth import write_token
 from serving.worker.client import WorkerClient
+from serving.worker.engine import EngineProcess, engine_command, engine_env, engine_python, free_port
 from serving.worker.request import ReplicaRequest
 
 ROOT = Path(__file__).resolve().parents[1]
