@@ -173,3 +173,36 @@ def test_a_refused_manifest_read_changes_nothing_on_disk(tmp_path: Path, data: b
         store.pull(digest, tmp_path / "dest")
     except RevgateError:
         assert _tree(tmp_path) == before
+
+
+@FAST
+@given(change=st.sampled_from(["extra", "flip", "truncate", "missing"]), at=st.integers(min_value=0, max_value=1))
+def test_a_refused_push_changes_nothing_in_the_store(tmp_path: Path, change: str, at: int) -> None:
+    from registry.build import build_manifest
+
+    root = tmp_path / f"push-{change}-{at}"
+    model = root / "model"
+    if not model.exists():
+        (model / "sub").mkdir(parents=True)
+        (model / "config.json").write_text('{"a": 1}')
+        (model / "sub" / "weights.bin").write_bytes(bytes(range(256)))
+        store = open_store(str(root / "store"))
+        store.push(model, build_manifest(model))
+    store = open_store(str(root / "store"))
+    manifest = build_manifest(model)
+    target = model / ["config.json", "sub/weights.bin"][at]
+    original = target.read_bytes()
+    before = _tree(root / "store")
+    if change == "extra":
+        (model / "stray.txt").write_text("x")
+    elif change == "missing":
+        target.unlink()
+    else:
+        target.write_bytes(original[:-1] if change == "truncate" else original[:-1] + bytes([original[-1] ^ 1]))
+    try:
+        with pytest.raises(RevgateError):
+            store.push(model, manifest)
+        assert _tree(root / "store") == before
+    finally:
+        target.write_bytes(original)
+        (model / "stray.txt").unlink(missing_ok=True)
