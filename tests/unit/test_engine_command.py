@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from manifests.revision import ExecutionConfig
+from serving.worker.agent import SupervisedEngine
 from serving.worker.engine import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     EngineError,
@@ -16,6 +20,7 @@ from serving.worker.engine import (
     engine_env,
     engine_python,
     free_port,
+    port_is_open,
 )
 
 PY = Path("env/bin/python")
@@ -111,3 +116,23 @@ def test_the_default_engine_is_the_project_engine_environment(monkeypatch: pytes
     python = engine_python()
     assert python.parts[-3:] == (".venv-engine", "bin", "python")
     assert (python.parents[2] / "pyproject.toml").is_file()  # the project root, wherever the module sits
+
+
+def test_stop_kills_an_engine_that_ignores_sigterm_and_says_so(tmp_path: Path) -> None:
+    port = free_port()
+    stubborn = (  # listens like an engine and ignores SIGTERM, as a hung server does
+        "import signal, socket, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"s = socket.create_server(('127.0.0.1', {port})); time.sleep(600)"
+    )
+    process = SupervisedEngine([sys.executable, "-c", stubborn], {}, port, log_path=tmp_path / "log")
+    process.start()
+    deadline = time.monotonic() + 30
+    while not port_is_open(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.stop(grace=0.5) is True
+    assert process.exit_code() == -signal.SIGKILL
+    assert not port_is_open(port)
+    quiet = EngineProcess([sys.executable, "-c", "import time; time.sleep(600)"], {}, free_port(),
+                          log_path=tmp_path / "log2")
+    quiet.start()
+    assert quiet.stop(grace=30) is False  # SIGTERM was enough
