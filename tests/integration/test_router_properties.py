@@ -105,7 +105,8 @@ def served(connection: RawConnection) -> bool:
     return answer.status == 200 and b"a1-0" in answer.body
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(raw=requests())
 def test_any_request_gets_a_typed_answer_and_the_router_serves_the_next(router: RouterProcess, raw: bytes) -> None:
     with RawConnection(router.port, timeout=15) as connection:
