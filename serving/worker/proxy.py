@@ -22,6 +22,8 @@ REVISION_HEADER = "x-revgate-revision"
 REPLICA_HEADER = "x-revgate-replica"
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "upgrade"}
 # Method and exact path (query string aside): what the router, the promotion checks and an operator's
 # liveness probe use. An exact match leaves no room for ``..``, percent-escapes or absolute URLs.
@@ -101,6 +103,16 @@ def refusal_response(refusal: Refusal, revision: str) -> bytes:
     return error_response(503, "Service Unavailable", refusal.reason, revision, refusal.retry_after_s)
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After answering a request whose body was not read: end our side, then discard what the caller
+    still sends (bounded), so closing does not reset the connection and lose the answer in flight."""
+    writer.write_eof()
+    discarded = 0
+    async with asyncio.timeout(LINGER_S):
+        while discarded < LINGER_BYTES and (chunk := await reader.read(65536)):
+            discarded += len(chunk)
+
+
 class _Exchange:
     """Progress of one relayed request: whether the caller has seen the response head yet."""
 
@@ -132,6 +144,7 @@ class ReplicaProxy:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        unread = True  # whether the request's body may still be arriving when the answer is sent
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             if len(head) > MAX_HEAD_BYTES:
@@ -144,6 +157,7 @@ class ReplicaProxy:
             if refusal is not None:
                 writer.write(refusal_response(refusal, self.revision))
                 return
+            unread = False
             await self._admitted(head, reader, writer)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
@@ -154,7 +168,9 @@ class ReplicaProxy:
         finally:
             with contextlib.suppress(Exception):
                 await writer.drain()
-                writer.close()
+                if unread:
+                    await _linger(reader, writer)
+            writer.close()
 
     async def _admitted(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from collections.abc import MutableMapping
 from decimal import Decimal
@@ -24,6 +25,7 @@ from serving.worker.drain import Admission
 from serving.worker.proxy import (
     REVISION_HEADER,
     BadRequest,
+    ReplicaProxy,
     not_exposed,
     refusal_response,
     tagged_response_head,
@@ -379,3 +381,31 @@ def test_another_signature_policy_is_refused_while_the_artifact_loads(tmp_path: 
         await agent.close()
 
     asyncio.run(scenario())
+
+
+def test_a_refused_request_with_a_body_still_gets_its_answer(tmp_path: Path) -> None:
+    """Answering before the body is read must not reset the connection and lose the answer."""
+
+    def send(port: int, path: str) -> bytes:
+        body = b"x" * (512 * 1024)
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+            client.sendall(head + body)
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+            return answer
+
+    async def scenario() -> list[bytes]:
+        proxy = ReplicaProxy(Admission("r-1"), "sha256:abc", upstream_port=1)  # not ready: nothing upstream
+        port = await proxy.start()
+        try:
+            return [await asyncio.to_thread(send, port, path)
+                    for path in ("/v1/load_lora_adapter", "/v1/completions") for _ in range(3)]
+        finally:
+            await proxy.close()
+
+    answers = asyncio.run(scenario())
+    assert [answer.split(b"\r\n", 1)[0] for answer in answers] == (
+        [b"HTTP/1.1 404 Not Found"] * 3 + [b"HTTP/1.1 503 Service Unavailable"] * 3)
+    assert b"is not exposed by the replica proxy" in answers[0] and b"not ready yet" in answers[-1]
