@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -35,7 +36,7 @@ from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry, read_trace
 from flows import evidence, steps
 from flows.report import report_markdown, slice_rows
-from flows.route_owner import Heartbeat, RouteOwner, RouteTakenOver
+from flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
 from flows.spec import PromotionSpec
 from manifests.errors import RevgateError
 from manifests.gates import GateReport
@@ -403,6 +404,7 @@ class Rollout:
         self.started: dict[str, str] = {}  # replica id -> endpoint: the candidate this rollout started
         self.retired: dict[str, str] = {}  # the old stable's replicas, once the promotion took them off the route
         self.candidate = ""
+        self.windowing = False
 
     def run(self) -> str:
         """Pin and open the evidence run, then everything else; the decision the route shows at the end."""
@@ -417,6 +419,10 @@ class Rollout:
             self._promote(run, revision)
         except RouteTakenOver as taken:
             self._record_takeover(run, taken.taken)
+        except RolloutStopped as stopped:  # a cancel, a dead candidate: a decision, not a crash
+            get_run_logger().warning("rollout stopped: %s", stopped.what)
+            self.ledger.log_step(run, "stopped", stopped.what)
+            self._stop_traffic(run, stopped.what, fault=True)
         except BaseException as error:
             self._stop_traffic(run, f"the promotion flow failed: {type(error).__name__}")
             raise
@@ -442,7 +448,8 @@ class Rollout:
         ledger.log_step(run, "isolated-check", "pass", isolated_task(view))
         driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(view, revision))
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
-                                   period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled())
+                                   period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
+                                   watches=[partial(steps.replica_fault, spec, str(view["replica_id"]))])
         self.heartbeat.__enter__()
         if driver.run_plan().status != "promoted":
             return
@@ -452,7 +459,9 @@ class Rollout:
         ledger.move_alias(spec.registered_model, "stable", version, by=spec.created_by,
                           generation=driver.owner.generation)
         self.lock.close()  # the window never holds the route against an operator's rollback
+        self.windowing = True
         verdict = driver.watch_window(promoted_at)
+        self.windowing = False
         if verdict is not None:
             ledger.log_json(run, "rollback-window", verdict.evidence())
 
@@ -465,12 +474,19 @@ class Rollout:
         if self.driver is not None:
             self.driver.state = replace(self.driver.state, reason=taken.reason)
 
-    def _stop_traffic(self, run: EvidenceRun, reason: str) -> None:
-        """An error ends the rollout: candidate traffic back to stable, unless the route is not ours any more."""
+    def _stop_traffic(self, run: EvidenceRun, reason: str, *, fault: bool = False) -> None:
+        """An error ends the rollout: candidate traffic back to stable, unless the route is not ours any more.
+
+        In the rollback window only a fault of the promoted revision reverts it (the old stable is
+        still ready); an error of the controller itself leaves a promotion standing.
+        """
         if self.driver is None:
             return
         try:
-            self.driver.roll_back(reason)
+            if self.windowing and fault:
+                self.driver.revert(reason)
+            elif not self.windowing:
+                self.driver.roll_back(reason)
         except RouteTakenOver as taken:
             self._record_takeover(run, taken.taken)
         except Exception:  # the original error is the one to report; the leases still run out

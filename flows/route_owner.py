@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from flows import steps
@@ -36,8 +36,16 @@ class RouteTakenOver(RevgateError):
         self.taken = taken
 
 
-class RolloutCancelled(RevgateError):
-    """The rollout's flow run was cancelled (the Prefect UI's Cancel): traffic goes back to stable."""
+class RolloutStopped(RevgateError):
+    """Something the heartbeat watches ended the rollout (a cancel, a dead candidate): traffic goes back to stable."""
+
+
+class RolloutCancelled(RolloutStopped):
+    """The rollout's flow run was cancelled (the Prefect UI's Cancel)."""
+
+
+# A watch returns why the rollout must stop, or None while it may go on.
+Watch = Callable[[], str | None]
 
 
 class RouteOwner:
@@ -49,12 +57,18 @@ class RouteOwner:
         self.lost: Takeover | None = None
         self.lost_event = threading.Event()  # set once another writer took the route
         self.cancelled = threading.Event()  # set once the flow run was cancelled
-        self.wake = threading.Event()  # either of the two: a waiting flow stops waiting
+        self.fault = ""  # why a watch stopped the rollout
+        self.wake = threading.Event()  # any of these: a waiting flow stops waiting
         self._lock = threading.Lock()  # the heartbeat and the flow write one at a time
 
     def cancel(self) -> None:
         """Mark the rollout cancelled; the flow notices at its next wait or step."""
         self.cancelled.set()
+        self.wake.set()
+
+    def stop(self, fault: str) -> None:
+        """Mark the rollout stopped by a fault; the flow notices at its next wait or step."""
+        self.fault = self.fault or fault
         self.wake.set()
 
     def stop_if_ended(self) -> None:
@@ -64,6 +78,9 @@ class RouteOwner:
         if self.cancelled.is_set():
             raise RolloutCancelled(f"the rollout of route {self.spec.route!r} was cancelled", where="flow run",
                                    fix="Start a new rollout when the candidate should go on.")
+        if self.fault:
+            raise RolloutStopped(self.fault, where=f"route {self.spec.route!r}",
+                                 fix="Read the reason; start a new rollout once it is fixed.")
 
     def read(self) -> RouteSnapshot:
         """The committed route."""
@@ -110,9 +127,10 @@ class Heartbeat:
     """
 
     def __init__(self, owner: RouteOwner, *, lease_seconds: int, period_s: float, by: str,
-                 cancelled: Callable[[], bool] | None = None) -> None:
+                 cancelled: Callable[[], bool] | None = None, watches: Sequence[Watch] = ()) -> None:
         self.owner, self.lease_seconds, self.period_s, self.by = owner, lease_seconds, period_s, by
         self.cancelled = cancelled  # asked once per beat: was the flow run cancelled?
+        self.watches = tuple(watches)  # asked once per beat: must the rollout stop?
         self.renewals = 0
         self._stop = threading.Event()
         # A copy of the caller's context: Prefect's settings and run context travel with it.
@@ -143,12 +161,19 @@ class Heartbeat:
         if self.owner.commit(self._renewed) is not None:
             self.renewals += 1
 
+    def _look(self) -> None:
+        for watch in self.watches:
+            if not self.owner.fault and (fault := watch()):
+                log.warning("the rollout stops: %s", fault)
+                self.owner.stop(fault)
+
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             try:
                 if self.cancelled is not None and not self.owner.cancelled.is_set() and self.cancelled():
                     log.warning("flow run cancelled: the rollout stops")
                     self.owner.cancel()
+                self._look()
                 self.beat()
             except RouteTakenOver as taken:
                 log.warning("lease heartbeat stops: %s", taken)

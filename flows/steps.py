@@ -187,3 +187,18 @@ def drain_replica(spec: PromotionSpec, replica_id: str, grace_s: float = 30) -> 
         return False
     client.drain(replica_id, grace_s)
     return True
+
+
+def replica_fault(spec: PromotionSpec, replica_id: str) -> str | None:
+    """Why the rollout's candidate replica can no longer serve (failed, terminated), or None while it is ready.
+
+    A worker that cannot be asked is no verdict: the next look asks again.
+    """
+    try:
+        view = worker(spec).replica(replica_id)
+    except (OSError, RevgateError):
+        return None
+    if view.get("state") in ("ready",):
+        return None
+    failure = view.get("failure") or {}
+    return f"candidate replica {replica_id} is {view.get('state')}: {failure.get('message', '')}".strip(": ")

@@ -1,0 +1,266 @@
+"""The parts a rollout fault test runs against: a worker agent with vLLM on the CPU, signed revisions,
+a router per route, the promotion flow as its own process, and open-loop traffic through the router.
+
+One worker and one stable replica serve every test of a module; a test that leaves no stable
+replica ready (a promotion drains the old one) gets a new one from :meth:`Estate.stable`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from flows import processes
+from flows.demo import EXECUTION, demo_policy, publish, signing_key
+from flows.spec import PromotionSpec
+from flows.steps import start_replica
+from manifests.revision import InterfacePolicy, ServiceRevision
+from manifests.rollout import RolloutPlan
+from manifests.route import RevisionTarget, RouteSnapshot, RouteStore
+from manifests.worker import WarmProfile
+from registry.route_store import open_route_store
+from registry.runtime import engine_runtime
+from registry.store import open_store
+from serving.worker.client import WorkerClient
+from serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from zoo.index import load_revisions
+
+WARM = WarmProfile(prompt_lengths=(8, 16), max_tokens=8, concurrency=4, request_count=8)
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.25) -> Any:
+    """Poll ``condition`` until it returns something true; its value, or AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(every_s)
+
+
+@dataclass
+class Sent:
+    """One request of the open-loop traffic and what came back."""
+
+    sent_s: float
+    status: int = 0
+    revision: str = ""
+    generation: int = 0
+    error: str = ""
+
+
+@dataclass
+class OpenLoop:
+    """Requests at a fixed rate through the router, whatever the answers take (open loop)."""
+
+    url: str
+    rate: float = 3.0
+    sent: list[Sent] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _one(self, item: Sent, number: int) -> None:
+        body = json.dumps({"model": "default", "prompt": "add 1+2=", "max_tokens": 4}).encode()
+        request = urllib.request.Request(f"{self.url}/v1/completions", data=body, method="POST",  # noqa: S310
+                                         headers={"Content-Type": "application/json",
+                                                  "x-session-id": f"s{number}"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+                response.read()
+                item.status = response.status
+                item.revision = response.headers.get("x-revgate-revision", "")
+                item.generation = int(response.headers.get("x-revgate-generation", "0"))
+        except urllib.error.HTTPError as error:
+            item.status, item.error = error.code, error.read()[:200].decode(errors="replace")
+        except OSError as error:
+            item.error = str(error)
+
+    def _run(self) -> None:
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            start, number = time.monotonic(), 0
+            while not self._stop.is_set():
+                item = Sent(time.time())
+                self.sent.append(item)
+                pool.submit(self._one, item, number)
+                number += 1
+                self._stop.wait(max(0.0, start + number / self.rate - time.monotonic()))
+
+    @contextmanager
+    def running(self) -> Iterator[OpenLoop]:
+        """Send for the duration of the block; every request has its answer when the block ends."""
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(120)
+
+    def failed(self) -> list[Sent]:
+        """Requests that got no 200."""
+        return [item for item in self.sent if item.status != 200]
+
+    def served_by(self, fingerprint: str, after_s: float = 0.0) -> list[Sent]:
+        """Answered requests sent after ``after_s`` that ``fingerprint`` served."""
+        return [item for item in self.sent if item.revision == fingerprint and item.sent_s >= after_s]
+
+    def off_route(self, history: list[RouteSnapshot]) -> list[Sent]:
+        """Answers from a revision the route's generation (as the router reported it) did not route."""
+        allowed = {s.generation: {t.fingerprint for t in (s.stable, s.candidate) if t is not None} for s in history}
+        return [item for item in self.sent if item.status == 200 and item.revision not in allowed.get(
+            item.generation, set())]
+
+
+@dataclass
+class Estate:
+    """A worker agent, the signed revisions it may run, and the Prefect server the flow reports to."""
+
+    root: Path
+    store: str
+    policy: SignaturePolicySpec
+    digests: dict[str, str]
+    token: Path
+    worker_url: str
+    prefect_api: str
+
+    @property
+    def client(self) -> WorkerClient:
+        """The worker's control API."""
+        return WorkerClient(self.worker_url, self.token.read_text().strip())
+
+    def revision(self, name: str) -> ServiceRevision:
+        """The service revision for a published zoo revision."""
+        return ServiceRevision(name=name, artifact=open_store(self.store).get_manifest(self.digests[name]),
+                               runtime=engine_runtime(Path(".venv-engine")), execution=EXECUTION,
+                               interface=InterfacePolicy())
+
+    def stable(self) -> RevisionTarget:
+        """The ready stable replica (started when the worker has none)."""
+        revision = self.revision("stable")
+        ready = [r for r in self.client.replicas() if r["revision"] == revision.fingerprint and r["state"] == "ready"]
+        view = ready[0] if ready else start_replica(
+            self.client, ReplicaRequest(revision=revision, store=self.store, signature_policy=self.policy, warm=WARM))
+        return RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view["endpoint"]),),
+                              served_model=str(view["served_model"]))
+
+    def states(self, fingerprint: str) -> list[str]:
+        """The states of every replica of ``fingerprint`` the worker has had."""
+        return [str(r["state"]) for r in self.client.replicas() if r["revision"] == fingerprint]
+
+
+@contextmanager
+def estate(zoo_dir: Path, prefect_api: str, root: Path) -> Iterator[Estate]:
+    """Publish the zoo's revisions signed, and run a worker agent for the block."""
+    key, public = signing_key(root / "keys")
+    store = str(root / "artifacts")
+    revisions = load_revisions(zoo_dir)
+    digests = {name: publish(zoo_dir / revisions[name].path, store, key, root / "signatures")
+               for name in ("stable", "improved")}
+    token = processes.token_file(root / "token")
+    with processes.worker_agent(root / "worker", token) as worker_url:
+        yield Estate(root, store, SignaturePolicySpec(kind="key", public_key=str(public)), digests, token,
+                     worker_url, prefect_api)
+
+
+@dataclass
+class Rollout:
+    """One route with its own router, and the promotion flow for it running as its own process."""
+
+    estate: Estate
+    route: str
+    folder: Path
+    spec: PromotionSpec
+    router_url: str
+    admin_url: str
+    traffic: OpenLoop
+    process: subprocess.Popen[str] | None = None
+
+    @property
+    def store(self) -> RouteStore:
+        """The route store."""
+        return open_route_store(self.spec.route_store)
+
+    def current(self) -> RouteSnapshot:
+        """The committed route."""
+        snapshot = self.store.read(self.route)
+        assert snapshot is not None
+        return snapshot
+
+    def history(self) -> list[RouteSnapshot]:
+        """Every committed generation."""
+        return list(self.store.history(self.route))
+
+    def start_flow(self) -> None:
+        """``revgate promote`` for the spec, as an operator runs it."""
+        spec_file = self.folder / "promotion.json"
+        spec_file.write_text(self.spec.model_dump_json(indent=2), encoding="utf-8")
+        env = {**os.environ, "PREFECT_API_URL": self.estate.prefect_api, "PREFECT_LOGGING_LEVEL": "INFO"}
+        log = (self.folder / "flow.log").open("w")
+        self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", str(spec_file)], env=env,
+                                        stdout=log, stderr=subprocess.STDOUT, text=True)
+
+    def flow_log(self) -> str:
+        """What the flow printed so far."""
+        return (self.folder / "flow.log").read_text(errors="replace")
+
+    def wait_flow(self, timeout_s: float) -> int:
+        """The flow's exit code once it ends."""
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the flow did not end within {timeout_s:.0f} s:\n{self.flow_log()[-3000:]}") from None
+
+    def rollback(self, by: str = "oncall") -> subprocess.CompletedProcess[str]:
+        """An operator's ``revgate rollback`` that tells this route's router."""
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", "rollback", "--routes", self.spec.route_store, "--route", self.route,
+             "--created-by", by, "--notify", self.admin_url, "--admin-token-file", str(self.estate.token)],
+            capture_output=True, text=True, check=False, timeout=120,
+        )
+
+
+@contextmanager
+def rollout(estate: Estate, folder: Path, route: str, plan: RolloutPlan, *, approval: str = "auto",
+            rate: float = 1.5) -> Iterator[Rollout]:
+    """A route on the estate's stable replica, its router, open-loop traffic for the whole block, and a spec."""
+    folder.mkdir(parents=True, exist_ok=True)
+    routes = str(folder / "routes")
+    stable = estate.stable()
+    open_route_store(routes).write(RouteSnapshot(route=route, generation=1, stable=stable, created_by="seed",
+                                                 created_at=datetime.now(UTC)))
+    trace = folder / "trace.jsonl"
+    trace.write_text("", encoding="utf-8")
+    with processes.router(routes, route, folder / "router", estate.token) as (public_url, admin_url):
+        spec = PromotionSpec(
+            route=route, candidate_manifest=estate.digests["improved"], candidate_name="improved",
+            artifact_store=estate.store, route_store=routes, signature=estate.policy, execution=EXECUTION,
+            warm=WARM, gate_policy=demo_policy(), plan=plan, worker_url=estate.worker_url,
+            worker_token_file=str(estate.token), router_url=public_url, router_admin_url=admin_url,
+            router_admin_token_file=str(estate.token), paired_records=str(folder / "router" / "paired.jsonl"),
+            router_records=str(folder / "router" / "records.jsonl"), trace=str(trace),
+            tracking_uri=f"sqlite:///{(folder / 'mlflow.db').resolve()}", evidence_root=str(folder / "evidence"),
+            approval=approval, approval_timeout_s=600,  # type: ignore[arg-type]
+        )
+        traffic = OpenLoop(public_url, rate=rate)
+        with traffic.running():
+            handle = Rollout(estate, route, folder, spec, public_url, admin_url, traffic)
+            try:
+                yield handle
+            finally:
+                if handle.process is not None and handle.process.poll() is None:
+                    handle.process.kill()
+                    handle.process.wait(30)

@@ -1,0 +1,224 @@
+"""Rollouts while people and parts act during them, through the real parts: the promotion flow as its
+own process on a real Prefect server, a worker agent running vLLM on the CPU, a router, MLflow on SQLite,
+with open-loop traffic through the router for the whole rollout.
+
+Every test counts the requests sent, those that failed, and those a revision the route did not route
+served; stable stays ready throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
+from tests.integration.rollout_estate import Estate, Rollout, estate, rollout, wait_until
+
+pytestmark = [pytest.mark.engine, pytest.mark.servers]
+
+LOAD_S = 600  # a candidate replica's verify, load and warm-up on two busy cores
+
+
+@pytest.fixture(scope="module")
+def parts(zoo_dir: Path, prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Estate]:
+    with estate(zoo_dir, prefect_api, tmp_path_factory.mktemp("estate")) as made:
+        yield made
+
+
+def canary_weight(handle: Rollout, weight_ppm: int) -> bool:
+    candidate = handle.current().candidate
+    return candidate is not None and candidate.weight_ppm == weight_ppm
+
+
+def evidence_run(handle: Rollout) -> Any:
+    client = MlflowClient(handle.spec.tracking_uri)
+    experiment = client.get_experiment_by_name(f"revgate/{handle.route}")
+    assert experiment is not None
+    return client.search_runs([experiment.experiment_id])[0]
+
+
+def check_traffic(handle: Rollout, stable: str) -> None:
+    """Nothing failed, nothing was served off the route, and stable is still ready."""
+    sent = handle.traffic.sent
+    off_route = handle.traffic.off_route(handle.history())
+    print(f"{handle.route}: sent {len(sent)}, failed {len(handle.traffic.failed())}, served off the route "
+          f"{len(off_route)}, by the candidate {sum(1 for s in sent if s.revision and s.revision != stable)}")
+    assert len(sent) > 20
+    assert handle.traffic.failed() == [], handle.traffic.failed()[:5]
+    assert off_route == []
+    assert "ready" in handle.estate.states(stable)
+
+
+def candidate_drained(handle: Rollout, candidate: str) -> bool:
+    states = handle.estate.states(candidate)
+    return bool(states) and all(state in ("terminated", "failed") for state in states)
+
+
+@pytest.mark.timeout(1200)
+def test_an_operator_rollback_during_a_canary_bake_ends_the_rollout(parts: Estate, tmp_path: Path) -> None:
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=20,
+                             lease_renew_seconds=2, rollback_window_seconds=0)
+    with rollout(parts, tmp_path, "bake", plan) as handle:
+        stable = handle.current().stable.fingerprint
+        handle.start_flow()
+        wait_until(lambda: canary_weight(handle, 500_000), LOAD_S, "the canary at 50%")
+        candidate = handle.current().candidate.fingerprint  # type: ignore[union-attr]
+        wait_until(lambda: len(handle.traffic.served_by(candidate)) >= 3, 60, "the candidate serving")
+
+        done = handle.rollback()
+        assert done.returncode == 0, done.stderr
+        assert "serving generation" in done.stdout  # the router was told at once
+        operator = handle.current()
+        told_at = time.time()
+        assert operator.created_by == "oncall" and operator.candidate is None
+
+        assert handle.wait_flow(120) == 3, handle.flow_log()[-3000:]  # stopped long before the bake's end
+        assert "decision: rolled_back" in handle.flow_log()
+        wait_until(lambda: candidate_drained(handle, candidate), 120, "the candidate drained")
+        wait_until(lambda: handle.traffic.sent[-1].status == 200 and handle.traffic.sent[-1].sent_s > told_at + 3,
+                   60, "traffic answered after the rollback")
+    assert handle.history()[-1].generation == operator.generation  # the flow never wrote again
+    assert handle.traffic.served_by(candidate, after_s=told_at) == []  # new requests: stable at once
+    check_traffic(handle, stable)
+    run = evidence_run(handle)
+    assert run.data.tags["revgate.step.route"] == f"aborted by oncall at generation {operator.generation}"
+    assert run.data.tags["revgate.decision"] == "rolled_back"
+
+
+def paused_run(route: str) -> Any:
+    """The flow run of ``route``'s promotion once it is paused for approval."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for run in client.read_flow_runs(limit=50):
+            if run.parameters.get("spec", {}).get("route") == route and run.state is not None and run.state.is_paused():
+                return run.id
+    return None
+
+
+@pytest.mark.timeout(1200)
+def test_an_approval_longer_than_the_lease_keeps_the_canary_then_a_rollback_in_the_window_lands_on_stable(
+    parts: Estate, tmp_path: Path
+) -> None:
+    from prefect.flow_runs import resume_flow_run
+
+    plan = RolloutPlan.build(
+        steps=[SetWeight(weight_ppm=200_000), Approve(), SetWeight(weight_ppm=500_000), Bake(seconds=2)],
+        lease_seconds=10, lease_renew_seconds=2, rollback_window_seconds=300,
+        post_promotion={"min_requests": 10_000},  # the promoted revision is healthy; the operator decides
+    )
+    with rollout(parts, tmp_path, "approve", plan, approval="ui") as handle:
+        stable = handle.current().stable.fingerprint
+        handle.start_flow()
+        wait_until(lambda: canary_weight(handle, 200_000), LOAD_S, "the canary at 20%")
+        first_lease = handle.current().candidate.lease_expires_at.timestamp()  # type: ignore[union-attr]
+        candidate = handle.current().candidate.fingerprint  # type: ignore[union-attr]
+        run_id = wait_until(lambda: paused_run("approve"), 120, "the flow paused for approval")
+        # Waiting for the release manager outlasts the lease: the heartbeat keeps the candidate routed.
+        wait_until(lambda: handle.traffic.served_by(candidate, after_s=first_lease + 2), 90,
+                   "the candidate serving after its first lease ran out")
+        assert paused_run("approve") == run_id
+        resume_flow_run(run_id, run_input={"approve": True, "evidence_digest": "", "comment": "long lunch"})
+
+        wait_until(lambda: handle.current().stable.fingerprint == candidate, 120, "the candidate promoted")
+        promoted = handle.current().generation
+        wait_until(lambda: [s for s in handle.traffic.sent if s.generation >= promoted and s.revision == candidate],
+                   60, "the promoted revision serving")
+        # Inside the rollback window the old stable is still ready: a rollback serves from it at once.
+        done = handle.rollback()
+        assert done.returncode == 0, done.stderr
+        told_at = time.time()
+        reverted = handle.current()
+        assert reverted.stable.fingerprint == stable and reverted.created_by == "oncall"
+        assert handle.wait_flow(120) == 3, handle.flow_log()[-3000:]
+        wait_until(lambda: candidate_drained(handle, candidate), 120, "the promoted candidate drained")
+        wait_until(lambda: handle.traffic.sent[-1].status == 200 and handle.traffic.sent[-1].sent_s > told_at + 3,
+                   60, "traffic answered after the rollback")
+    assert handle.history()[-1].generation == reverted.generation
+    assert handle.traffic.served_by(candidate, after_s=told_at) == []
+    check_traffic(handle, stable)
+    run = evidence_run(handle)
+    assert run.data.tags["revgate.step.route"] == f"aborted by oncall at generation {reverted.generation}"
+    assert run.data.tags["revgate.decision"] == "rolled_back"
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_controller_leaves_stable_serving_within_one_lease(parts: Estate, tmp_path: Path) -> None:
+    from flows.promote import RolloutInProgress, hold_route_lock
+
+    lease = 10
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=lease,
+                             lease_renew_seconds=2, rollback_window_seconds=0)
+    with rollout(parts, tmp_path, "killed", plan) as handle:
+        stable = handle.current().stable.fingerprint
+        handle.start_flow()
+        wait_until(lambda: canary_weight(handle, 500_000), LOAD_S, "the canary at 50%")
+        candidate = handle.current().candidate.fingerprint  # type: ignore[union-attr]
+        wait_until(lambda: len(handle.traffic.served_by(candidate)) >= 3, 60, "the candidate serving")
+        assert handle.process is not None
+        os.kill(handle.process.pid, signal.SIGKILL)
+        killed_at = time.time()
+        handle.process.wait(30)
+        # The last renewal's lease runs out; then every new request goes to stable, with no one telling the router.
+        reverted_by = killed_at + lease + 2  # one lease, plus the router's poll and a clock margin
+        wait_until(lambda: [s for s in handle.traffic.sent if s.sent_s > reverted_by + 2 and s.status == 200], 90,
+                   "traffic answered after the lease")
+        # A new rollout of the route can take the lock once the dead one's lock lease runs out.
+
+        def lock_free() -> bool:
+            try:
+                hold_route_lock(handle.spec).close()
+            except RolloutInProgress:
+                return False
+            return True
+
+        wait_until(lock_free, 300, "the route lock free again", every_s=5)
+    last = max(s.sent_s for s in handle.traffic.served_by(candidate))
+    print(f"killed: last request the candidate served was sent {last - killed_at:.2f} s after the kill "
+          f"(lease {lease} s)")
+    assert handle.traffic.served_by(candidate, after_s=reverted_by) == []
+    check_traffic(handle, stable)
+    for replica in parts.client.replicas():  # the dead controller could not drain its candidate
+        if replica["revision"] == candidate and replica["state"] == "ready":
+            parts.client.drain(str(replica["replica_id"]), 5)
+
+
+@pytest.mark.timeout(1200)
+def test_a_candidate_replica_killed_mid_canary_is_rolled_back_automatically(parts: Estate, tmp_path: Path) -> None:
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=20,
+                             lease_renew_seconds=1, rollback_window_seconds=0)
+    with rollout(parts, tmp_path, "dead", plan) as handle:
+        stable = handle.current().stable.fingerprint
+        handle.start_flow()
+        wait_until(lambda: canary_weight(handle, 500_000), LOAD_S, "the canary at 50%")
+        candidate = handle.current().candidate.fingerprint  # type: ignore[union-attr]
+        wait_until(lambda: len(handle.traffic.served_by(candidate)) >= 3, 60, "the candidate serving")
+        canary = handle.current().generation
+        engine = next(r for r in parts.client.replicas() if r["revision"] == candidate and r["state"] == "ready")
+        os.kill(int(engine["pid"]), signal.SIGKILL)
+        killed_at = time.time()
+        back = wait_until(lambda: handle.current().generation > canary and handle.current().candidate is None
+                          and handle.current(), 60, "the route back on stable")
+        reverted_at = back.created_at.timestamp()
+        assert back.created_by == handle.spec.created_by  # the flow itself rolled back
+        assert handle.wait_flow(120) == 3, handle.flow_log()[-3000:]
+        wait_until(lambda: handle.traffic.sent[-1].status == 200 and handle.traffic.sent[-1].sent_s > reverted_at + 3,
+                   60, "traffic answered after the rollback")
+    print(f"dead: killed to rolled back {reverted_at - killed_at:.2f} s; sent {len(handle.traffic.sent)}, failed "
+          f"{len(handle.traffic.failed())}")
+    # Only requests sent to the candidate before the rollback reached the router may fail.
+    late = [s for s in handle.traffic.failed() if s.sent_s > reverted_at + 1]
+    assert late == []
+    assert handle.traffic.served_by(candidate, after_s=reverted_at + 1) == []
+    assert handle.traffic.off_route(handle.history()) == []
+    assert "ready" in parts.states(stable)
+    run = evidence_run(handle)
+    assert "candidate replica" in run.data.tags["revgate.step.stopped"]
+    assert run.data.tags["revgate.decision"] == "rolled_back"
