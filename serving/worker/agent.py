@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from manifests.errors import RevgateError
-from serving.worker.artifact import ArtifactPreparer, PreparedArtifact
+from serving.worker.artifact import ArtifactPreparer, SealedArtifact
 from serving.worker.drain import Admission
 from serving.worker.engine import (
     ENGINE_HOST,
@@ -50,7 +50,7 @@ VERIFYING = (ReplicaState.CREATED, ReplicaState.LOADING)
 class Preparer(Protocol):
     """Fetch and verify a request's artifact into a replica's own folder (see ArtifactPreparer)."""
 
-    def __call__(self, request: ReplicaRequest, cache: Path, into: Path | None = None) -> PreparedArtifact:
+    def __call__(self, request: ReplicaRequest, cache: Path, into: Path | None = None) -> SealedArtifact:
         """The verified, read-only folder to load."""
 
 
@@ -106,7 +106,7 @@ def process_gone(pid: int | None) -> bool:
     return True
 
 
-def _discard(done: asyncio.Future[PreparedArtifact], folder: Path) -> None:
+def _discard(done: asyncio.Future[SealedArtifact], folder: Path) -> None:
     """A preparation nobody waits for any more: its outcome is dropped and its folder removed."""
     if not done.cancelled():
         done.exception()  # retrieved, so asyncio does not log it as lost
@@ -271,7 +271,7 @@ class WorkerAgent:
         await asyncio.to_thread(recheck, prepared.model_dir, prepared.stamps)
         running.vocab = vocab_size(prepared.served)
 
-    async def _prepare(self, running: _Running) -> PreparedArtifact:
+    async def _prepare(self, running: _Running) -> SealedArtifact:
         """Verify into the replica's folder; a drain that cancels the wait still gets the folder removed."""
         folder = running.folder
         work = asyncio.ensure_future(asyncio.to_thread(self.preparer, running.request, self.cache, folder))

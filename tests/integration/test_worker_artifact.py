@@ -14,15 +14,16 @@ import boto3
 import pytest
 
 from manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
-from manifests.errors import ManifestInvalid
+from manifests.errors import ManifestInvalid, RevgateError
 from manifests.worker import WarmProfile
 from registry.build import build_manifest
-from registry.errors import DigestMismatch, IncompatibleArtifact, UntrustedSigner
+from registry.errors import ArtifactRefused, DigestMismatch, IncompatibleArtifact, UntrustedSigner
+from registry.pipeline import cache_paths, prepare_artifact
 from registry.runtime import engine_runtime
 from registry.signing import sign_with_key
 from registry.store import open_store
 from serving.worker.agent import WorkerAgent
-from serving.worker.artifact import ArtifactPreparer, ArtifactRefused, cache_paths
+from serving.worker.artifact import ArtifactPreparer, trust_policy
 from serving.worker.request import ReplicaRequest
 from serving.worker.sealed import ArtifactChanged, is_read_only, recheck
 from tests.integration.signing_material import write_key
@@ -169,6 +170,33 @@ def test_refusals_name_the_reason_and_leave_nothing_loadable(tmp_path: Path) -> 
     with pytest.raises(ManifestInvalid, match="exceeds max_model_len 64"):
         preparer(too_long, cache)
     assert not cache_paths(cache, too_long.manifest_digest)[0].exists()
+
+
+def test_the_worker_refuses_exactly_as_the_shared_pipeline_does(tmp_path: Path) -> None:
+    """One pipeline: for the same request the worker and ``prepare_artifact`` (what the flow calls) raise
+    the same typed error with the same reason and fix, and neither leaves the refused bytes loadable."""
+    venv = fake_engine_venv(tmp_path / "venv")
+    other_runtime = fake_engine_venv(tmp_path / "other-venv")
+    (other_runtime / "revgate-lock.txt").write_bytes(LOCK.replace(b"0.32.0", b"0.33.0"))
+    cases = {
+        "untrusted signer": (venv, publish(tmp_path, venv, signed_by="mallory", trusted="signer")),
+        "unsigned": (venv, publish(tmp_path, venv, signed_by="s1", trusted="s1", sign=False)),
+        "another runtime": (other_runtime, publish(tmp_path, venv, signed_by="s2", trusted="s2")),
+        "incompatible": (venv, publish(tmp_path, venv, signed_by="s3", trusted="s3", tensor_parallel_size=3)),
+    }
+    for case, (host, request) in cases.items():
+        worker_cache, flow_cache = tmp_path / case / "worker", tmp_path / case / "flow"
+        with pytest.raises(RevgateError) as by_worker:
+            ArtifactPreparer(host)(request, worker_cache, worker_cache / "replicas" / "r-1")
+        with pytest.raises(RevgateError) as by_pipeline:
+            prepare_artifact(request.revision, store=request.store, cache=flow_cache,
+                             policy=trust_policy(request.signature_policy), host_runtime=engine_runtime(host))
+        worker_error, pipeline_error = by_worker.value, by_pipeline.value
+        assert type(worker_error) is type(pipeline_error), case
+        assert (worker_error.what, worker_error.fix) == (pipeline_error.what, pipeline_error.fix), case
+        # Only an incompatibility keeps the cache entry: its bytes are proven, the plan is not.
+        assert cache_paths(worker_cache, request.manifest_digest)[0].exists() == (case == "incompatible"), case
+        assert not (worker_cache / "replicas" / "r-1").exists(), case
 
 
 def test_the_real_engine_environment_has_a_runtime_identity() -> None:

@@ -19,7 +19,7 @@ from manifests.revision import ServiceRevision
 from manifests.worker import WarmProfile
 from serving.worker.agent import SignaturePolicyConflict, WorkerAgent, served_model_name
 from serving.worker.api import ControlApp
-from serving.worker.artifact import PreparedArtifact
+from serving.worker.artifact import SealedArtifact
 from serving.worker.auth import TokenFileInvalid, authorized, load_token, write_token
 from serving.worker.drain import Admission
 from serving.worker.proxy import (
@@ -348,7 +348,7 @@ def test_another_signature_policy_is_refused_while_the_artifact_loads(tmp_path: 
     loading = threading.Event()
     release = threading.Event()
 
-    def preparer(request: ReplicaRequest, cache: Path, into: Path | None = None) -> PreparedArtifact:
+    def preparer(request: ReplicaRequest, cache: Path, into: Path | None = None) -> SealedArtifact:
         loading.set()
         release.wait(30)
         raise ManifestInvalid("stand-in for a failed fetch", where="store")
