@@ -136,3 +136,29 @@ def test_a_bake_ends_at_once_when_the_flow_run_is_cancelled(prefect_api: str, tm
         thread.join()
     assert time.monotonic() - started < 120  # not the bake's 600 s
     assert outcome and "was cancelled" in outcome[0]
+
+
+def test_a_running_flow_never_undoes_an_operators_rollback(tmp_path: Path) -> None:
+    """The issue's report: the flow committed its canary, then its promotion, on top of a rollback."""
+    from flows.promote import Promotion
+    from manifests.errors import RevgateError
+    from registry.ledger import EvidenceLedger, sqlite_uri
+
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=0)], lease_seconds=60)
+    spec = fenced_spec(tmp_path, "undone", plan)
+    store = open_route_store(spec.route_store)
+    first = seeded(tmp_path, "undone")
+    now = datetime.now(UTC)
+    # The flow's canary is on the route (written by the flow), and the flow's driver is at that step.
+    store.write(successor(first, by=spec.created_by, now=now, candidate=canary(CANDIDATE, 500_000, now, 60)))
+    ledger = EvidenceLedger(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "artifacts")
+    driver = Promotion(spec, ledger, ledger.open_run("undone", CANDIDATE.fingerprint), CANDIDATE)
+
+    done = revgate("rollback", "--routes", spec.route_store, "--route", "undone", "--created-by", "oncall")
+    assert done.returncode == 0, done.stderr
+    operator = store.history("undone")[-1]
+    try:
+        driver.run_plan()  # the rest of the plan: bake, then promotion
+    except RevgateError as stopped:
+        assert "aborted by oncall at generation 3" in str(stopped)
+    assert store.history("undone")[-1] == operator  # the operator's rollback stands
