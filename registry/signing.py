@@ -10,8 +10,6 @@ signer from a broken signature.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -29,6 +27,7 @@ from sigstore import verify as sigstore_verify
 
 from manifests.artifact import ArtifactManifest
 from manifests.paths import path_problem
+from registry.durable import replace_file
 from registry.errors import SignatureInvalid, SigningError, UnsafePath, UntrustedSigner
 
 
@@ -105,22 +104,11 @@ def _model_signing_manifest(manifest: ArtifactManifest, model_name: str, single_
     return ms_manifest.Manifest(model_name, items, serialization)
 
 
-def _write_atomically(output: Path, text: str) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temp, output)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def _sign(manifest: ArtifactManifest, output: Path, signer: Any, model_name: str, single_file: bool) -> None:
     payload = ms_signing.Payload(_model_signing_manifest(manifest, model_name, single_file))
     bundle = signer.sign(payload).bundle
-    _write_atomically(output, bundle.to_json())
+    output.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(output, bundle.to_json().encode("utf-8"))
 
 
 def _load_signer(factory: Any, *args: Any) -> Any:

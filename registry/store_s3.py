@@ -58,17 +58,21 @@ class S3Backend:
         return StoreError(f"S3 request failed ({error})", where=f"{self.describe()}/{key}",
                           fix="Check the endpoint (AWS_ENDPOINT_URL), the credentials, and that the bucket exists.")
 
-    def exists(self, key: str) -> bool:
-        """HEAD the object."""
+    def _head(self, key: str) -> dict[str, Any] | None:
+        """HEAD the object: its metadata, or None when it is not there."""
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
+            head: dict[str, Any] = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return head
         except ClientError as error:
             if _code(error) in {"404", "NoSuchKey", "NotFound"}:
-                return False
+                return None
             raise self._failure(error, key) from None
         except BotoCoreError as error:
             raise self._failure(error, key) from None
+
+    def exists(self, key: str) -> bool:
+        """HEAD the object."""
+        return self._head(key) is not None
 
     def _conditional(self, key: str, action: Any) -> bool:
         try:
@@ -103,14 +107,8 @@ class S3Backend:
 
     def version(self, key: str) -> str | None:
         """The object's ETag (HEAD)."""
-        try:
-            return str(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ETag"])
-        except ClientError as error:
-            if _code(error) in {"404", "NoSuchKey", "NotFound"}:
-                return None
-            raise self._failure(error, key) from None
-        except BotoCoreError as error:
-            raise self._failure(error, key) from None
+        head = self._head(key)
+        return None if head is None else str(head["ETag"])
 
     def replace_file(self, key: str, path: Path, version: str) -> bool:
         """PUT (or complete the multipart upload) with If-Match: the ETag that was hashed."""
