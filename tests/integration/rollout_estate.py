@@ -89,7 +89,7 @@ class OpenLoop:
             item.error = str(error)
 
     def _run(self) -> None:
-        with ThreadPoolExecutor(max_workers=32) as pool:
+        with ThreadPoolExecutor(max_workers=64) as pool:
             start, number = time.monotonic(), 0
             while not self._stop.is_set():
                 item = Sent(time.time())
