@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--records", type=Path, help="JSON-lines request records file")
     parser.add_argument("--paired-records", type=Path, help="JSON-lines shadow paired records file")
     parser.add_argument("--record-outputs", action="store_true", help="keep output text in request records")
+    parser.add_argument("--records-sink", help="record store for request and paired records, one object per router "
+                        "per interval: FOLDER, file:///DIR or s3://BUCKET/PREFIX[?endpoint_url=...]")
+    parser.add_argument("--router-id", help="names this router's record objects (default: HOST-PORT)")
+    parser.add_argument("--sink-interval", type=float, default=1.0, help="seconds between record objects")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between store polls")
     limits = parser.add_argument_group("limits of the HTTP front (defaults in docs/router.md)")
     limits.add_argument("--max-body-bytes", type=int, help="request body cap; over it: 413 (default 16 MiB)")
@@ -171,7 +176,9 @@ def _router(args: argparse.Namespace) -> int:
     token = load_admin_token(args.admin_token_file) if args.admin_token_file else None
     given = {name: getattr(args, flag) for name, flag in _LIMIT_FLAGS.items() if getattr(args, flag) is not None}
     shadow_bytes = {"shadow_queue_bytes": args.shadow_queue_bytes} if args.shadow_queue_bytes is not None else {}
+    router_id = args.router_id or f"{socket.gethostname()}-{args.port}"
     config = RouterConfig(route=args.route, records=args.records, paired_records=args.paired_records,
+                          records_sink=args.records_sink, router_id=router_id, sink_interval_s=args.sink_interval,
                           admin_token=token, poll_interval_s=args.poll_interval, record_outputs=args.record_outputs,
                           limits=Limits(**given), **shadow_bytes)
     check_config(config)

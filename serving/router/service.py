@@ -22,6 +22,7 @@ from typing import Any
 from evaluation.records import Outcome, RequestRecord
 from manifests.errors import ManifestInvalid, RevgateError
 from manifests.route import RouteSnapshot, RouteStore
+from registry.record_store import check_router_id, open_record_store
 from serving.admin_token import authorized
 from serving.router.http import Request, ServerConnection, serve
 from serving.router.ids import RequestIds, bad_id, caller_text
@@ -30,6 +31,7 @@ from serving.router.metrics import RouterMetrics
 from serving.router.parse import Usage, output_text, rewrite_model, usage_of
 from serving.router.records import JsonLinesWriter
 from serving.router.relay import Relay
+from serving.router.sink import ObjectSink, Sink, Tee
 from serving.router.split import PinnedRoute, Target, compile_route, retry_order
 from serving.router.upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
 from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
@@ -52,6 +54,10 @@ class RouterConfig:
     route: str
     records: Path | None = None
     paired_records: Path | None = None
+    records_sink: str | None = None  # a folder or s3://BUCKET/PREFIX: one object per router per interval
+    router_id: str = "router"  # names this router's objects in the record store
+    sink_interval_s: float = 1.0
+    sink_capacity: int = 100_000  # records held per kind while the store cannot be written; then the oldest go
     admin_token: str | None = None
     poll_interval_s: float = 1.0
     record_outputs: bool = False
@@ -155,6 +161,40 @@ def _slices(header: bytes | None) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+MAX_LABELS = 16  # declared labels kept per request, each at most MAX_LABEL_CHARS
+MAX_LABEL_CHARS = 128
+_LABEL_HEADERS = ((b"x-revgate-class", "class"), (b"x-revgate-task", "task"))
+
+
+def _declared(headers: dict[bytes, bytes], body: bytes) -> dict[str, str]:
+    """The labels a request declares about itself, for slicing: ``x-revgate-slices``, ``x-revgate-class``,
+    ``x-revgate-task``, and the body's ``metadata`` entries named ``revgate_<label>`` (headers win).
+
+    The body is parsed only when it mentions ``"metadata"``; most requests cost two dict lookups.
+    """
+    labels = _slices(headers.get(b"x-revgate-slices"))
+    if body and b'"metadata"' in body:
+        labels = {**_metadata_labels(body), **labels}
+    for header, key in _LABEL_HEADERS:
+        value = headers.get(header)
+        if value:
+            labels[key] = value.decode(errors="replace").strip()
+    if len(labels) > MAX_LABELS or any(len(key) + len(value) > MAX_LABEL_CHARS for key, value in labels.items()):
+        labels = {key[:MAX_LABEL_CHARS]: value[:MAX_LABEL_CHARS] for key, value in list(labels.items())[:MAX_LABELS]}
+    return labels
+
+
+def _metadata_labels(body: bytes) -> dict[str, str]:
+    try:
+        metadata = json.loads(body).get("metadata")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(metadata, dict):
+        return {}
+    return {key.removeprefix("revgate_"): value for key, value in metadata.items()
+            if isinstance(key, str) and key.startswith("revgate_") and isinstance(value, str)}
+
+
 class Router:
     """Serves one route from a route store."""
 
@@ -163,8 +203,9 @@ class Router:
         self.route: PinnedRoute | None = None  # the one reference a swap replaces
         self.metrics = RouterMetrics()
         self.pool = UpstreamPool()
-        self.records = JsonLinesWriter(config.records)
-        self.paired = JsonLinesWriter(config.paired_records)
+        self.sinks: dict[str, ObjectSink] = {}
+        self.records: Sink = self._sink(JsonLinesWriter(config.records), "requests")
+        self.paired: Sink = self._sink(JsonLinesWriter(config.paired_records), "paired")
         self.mirror = ShadowMirror(
             self._send_shadow, self.paired.append, capacity=config.shadow_queue,
             capacity_bytes=config.shadow_queue_bytes, concurrency=config.shadow_concurrency,
@@ -176,6 +217,16 @@ class Router:
         self._watchdogs: list[Watchdog] = []
         self._poller: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop  # set by start(), before the first request
+
+    def _sink(self, file: JsonLinesWriter, kind: str) -> Sink:
+        """The file writer, the record store's sink, or both; one append per record either way."""
+        config = self.config
+        if config.records_sink is None:
+            return file
+        sink = self.sinks[kind] = ObjectSink(open_record_store(config.records_sink), config.route, kind,
+                                             config.router_id, interval_s=config.sink_interval_s,
+                                             capacity=config.sink_capacity)
+        return sink if file.path is None else Tee(file, sink)
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -271,8 +322,7 @@ class Router:
             body = rewrite_model(body, target.served_model)
         extra = target.headers + b"x-request-id: " + request_id + b"\r\n"
         call = Call(caller, request, route, target, path, body, request_id.decode(), caller_id, tenant,
-                    _slices(headers.get(b"x-revgate-slices")), arrival, extra,
-                    target.labels)
+                    _declared(headers, request.body), arrival, extra, target.labels)
         call.deadline = self._loop.time() + self._timeout_s(call)
         return call
 
@@ -577,11 +627,20 @@ class Router:
         if (request.method, path) == ("POST", b"/admin/notify"):
             result = await self.refresh()
             caller.respond(200, json.dumps({"result": result, "generation": self._generation()}).encode())
+        elif (request.method, path) == ("GET", b"/admin/health"):
+            caller.respond(200, json.dumps(self.health()).encode())
         elif (request.method, path) == ("GET", b"/admin/snapshot"):
             route = self.route
             caller.respond(200 if route else 404, route.snapshot.canonical() if route else NO_ROUTE)
         else:
             caller.respond(404, _error_body(f"no such admin endpoint: {path.decode()}", "not_found"))
+
+    def health(self) -> dict[str, Any]:
+        """What ``/admin/health`` says: the generation served and each record sink's state."""
+        sinks = {kind: sink.health() for kind, sink in self.sinks.items()}
+        ok = self.route is not None and all(item["ok"] for item in sinks.values())
+        return {"status": "ok" if ok else "degraded", "route": self.config.route, "router_id": self.config.router_id,
+                "generation": self._generation(), "sinks": sinks}
 
     def _authorised(self, request: Request) -> bool:
         token = self.config.admin_token
@@ -598,10 +657,17 @@ class Router:
         route = self.config.route
         for name, value in (("shadow_sent", counters.sent), ("shadow_failed", counters.failed)):
             self.metrics.events[(("event", name), ("route", route))] = value
+        held: dict[str, int] = {}
+        for kind, sink in self.sinks.items():
+            for name, value in ((f"{kind}_sink_failures", sink.failures), (f"{kind}_sink_dropped", sink.dropped),
+                                (f"{kind}_sink_written", sink.written_records)):
+                self.metrics.events[(("event", name), ("route", route))] = value
+            held[f"{kind}_sink_held"] = sink.held
+            held[f"{kind}_sink_ok"] = int(sink.ok)
         self.metrics.process.update(
             tasks=len(asyncio.all_tasks()),
             open_connections=sum(len(watchdog.connections) for watchdog in self._watchdogs),
-            shadow_held_bytes=self.mirror.held_bytes,
+            shadow_held_bytes=self.mirror.held_bytes, **held,
         )
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -662,6 +728,12 @@ def check_config(config: RouterConfig) -> None:
         if getattr(config.limits, name.name) <= 0:
             flag = "--" + name.name.removesuffix("_s").replace("_", "-")
             raise RevgateError(f"{name.name} must be positive", where=flag, fix="See docs/router.md, limits.")
+    if config.records_sink is not None:
+        check_router_id(config.router_id)
+        open_record_store(config.records_sink)
+    if config.sink_interval_s <= 0 or config.sink_capacity <= 0:
+        raise RevgateError("the record sink's interval and capacity must be positive", where="--sink-interval",
+                           fix="Give seconds, e.g. 1.0, and a record count, e.g. 100000.")
     if config.shadow_queue_bytes <= 0:
         raise RevgateError("the shadow queue's bytes must be positive", where="--shadow-queue-bytes",
                            fix="Give bytes, e.g. 67108864.")
