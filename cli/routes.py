@@ -73,6 +73,8 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
                         "per interval: FOLDER, file:///DIR or s3://BUCKET/PREFIX[?endpoint_url=...]")
     parser.add_argument("--router-id", help="names this router's record objects (default: HOST-PORT)")
     parser.add_argument("--sink-interval", type=float, default=1.0, help="seconds between record objects")
+    parser.add_argument("--sink-capacity", type=int, default=100_000,
+                        help="records held per kind while the store cannot be written; then the oldest are dropped")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between store polls")
     limits = parser.add_argument_group("limits of the HTTP front (defaults in docs/router.md)")
     limits.add_argument("--max-body-bytes", type=int, help="request body cap; over it: 413 (default 16 MiB)")
@@ -179,6 +181,7 @@ def _router(args: argparse.Namespace) -> int:
     router_id = args.router_id or f"{socket.gethostname()}-{args.port}"
     config = RouterConfig(route=args.route, records=args.records, paired_records=args.paired_records,
                           records_sink=args.records_sink, router_id=router_id, sink_interval_s=args.sink_interval,
+                          sink_capacity=args.sink_capacity,
                           admin_token=token, poll_interval_s=args.poll_interval, record_outputs=args.record_outputs,
                           limits=Limits(**given), **shadow_bytes)
     check_config(config)

@@ -1,0 +1,181 @@
+"""The record sink through real parts: router processes writing objects to an S3 prefix on moto's server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+
+from evaluation.records import RequestRecord
+from registry.record_store import RecordReader, open_record_store
+from serving.worker.engine import free_port
+from shadow.records import PairedRecord
+from tests.conftest import wait_for_port
+from tests.integration.router_harness import RouterProcess, UpstreamFarm, router_process, snapshot, wait_until
+
+pytestmark = pytest.mark.servers
+
+ROUTE = "chat"
+
+
+@pytest.fixture(scope="module")
+def farm() -> Iterator[UpstreamFarm]:
+    with UpstreamFarm(["a1", "s1"]) as upstreams:
+        yield upstreams
+
+
+def bucket_url(endpoint: str) -> str:
+    bucket = f"records-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/live?endpoint_url={endpoint}"
+
+
+def sink_flags(url: str, router_id: str, *more: str) -> tuple[str, ...]:
+    return ("--records-sink", url, "--router-id", router_id, "--sink-interval", "0.2", *more)
+
+
+def complete(router: RouterProcess, name: str, **headers: str) -> httpx.Response:
+    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 2, "metadata": {"revgate_class": "interactive"}}
+    response = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10,
+                          headers={"x-request-id": name, **headers})
+    assert response.status_code == 200
+    return response
+
+
+def admin(router: RouterProcess, path: str) -> httpx.Response:
+    return httpx.get(f"{router.admin_url}{path}", headers={"Authorization": f"Bearer {router.token}"}, timeout=5)
+
+
+def requests_reader(url: str) -> RecordReader[RequestRecord]:
+    return RecordReader(open_record_store(url), ROUTE, "requests", lambda data: RequestRecord(**data))
+
+
+def served(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [item for item in records if item.arm != "shadow"]
+
+
+def test_two_routers_feed_one_prefix_and_reading_is_incremental(
+    farm: UpstreamFarm, s3_endpoint: str, tmp_path: Path
+) -> None:
+    url = bucket_url(s3_endpoint)
+    first = snapshot(ROUTE, 1, [farm["a1"]], shadow=[farm["s1"]], sample_ppm=1_000_000)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with router_process(tmp_path / "a", ROUTE, first, extra=sink_flags(url, "host-a")) as one, \
+            router_process(tmp_path / "b", ROUTE, first, extra=sink_flags(url, "host-b")) as two:
+        for number in range(5):
+            complete(one, f"a{number}", **{"x-revgate-task": "sql"})
+        for number in range(3):
+            complete(two, f"b{number}")
+        reader = requests_reader(url)
+        found: list[RequestRecord] = []
+        wait_until(lambda: found.extend(served(reader.read().records)) or len(found) >= 8, timeout=20)
+        assert len(found) == 8
+        by_router = {router: sum(1 for item in found if item.caller_request_id.startswith(router[-1]))
+                     for router in ("host-a", "host-b")}
+        assert by_router == {"host-a": 5, "host-b": 3}
+        assert reader.totals["host-a"] >= 5 and reader.totals["host-b"] >= 3
+        task_of = {item.caller_request_id: item.slices.get("task") for item in found}
+        assert task_of["a0"] == "sql" and task_of["b0"] is None
+        assert all(item.slices["class"] == "interactive" and item.generation == 1 for item in found)
+
+        # Incremental: a second read returns only what was written since.
+        complete(one, "a-late")
+        later: list[RequestRecord] = []
+        wait_until(lambda: later.extend(served(reader.read().records)) or bool(later), timeout=20)
+        assert [item.caller_request_id for item in later] == ["a-late"]
+
+        # Shadow pairs of both routers land in the same prefix, read the same way.
+        pairs = RecordReader(open_record_store(url), ROUTE, "paired", lambda data: PairedRecord(**data))
+        paired: list[PairedRecord] = []
+        wait_until(lambda: paired.extend(pairs.read().records) or len(paired) >= 9, timeout=20)
+        assert pairs.totals == {"host-a": 6, "host-b": 3}
+        assert all(item.shadow_output and item.stable_output for item in paired)
+
+
+class MotoServer:
+    """A moto server this test can stop and start again on the same port (its buckets die with it)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, bucket: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, 30, self.process)
+        boto3.client("s3", endpoint_url=self.url).create_bucket(Bucket=bucket)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+def sink_health(router: RouterProcess) -> dict[str, Any]:
+    return admin(router, "/admin/health").json()["sinks"]["requests"]  # type: ignore[no-any-return]
+
+
+def metric(router: RouterProcess, name: str) -> float:
+    for line in httpx.get(f"{router.admin_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_an_unreachable_store_keeps_the_router_serving_bounded_and_visible_then_recovers(
+    farm: UpstreamFarm, tmp_path: Path
+) -> None:
+    moto, bucket = MotoServer(), f"records-{uuid.uuid4().hex[:12]}"
+    moto.start(bucket)
+    url = f"s3://{bucket}/live?endpoint_url={moto.url}"
+    try:
+        first = snapshot(ROUTE, 1, [farm["a1"]])
+        with router_process(tmp_path, ROUTE, first, extra=sink_flags(url, "host-a", "--sink-capacity", "4")) as one:
+            complete(one, "before")
+            wait_until(lambda: sink_health(one)["written_records"] == 1, timeout=20)
+
+            moto.stop()
+            for number in range(12):
+                complete(one, f"down{number}")  # served all along
+            wait_until(lambda: sink_health(one)["failures"] >= 2 and sink_health(one)["held"] > 0, timeout=20)
+            health = admin(one, "/admin/health").json()
+            assert health["status"] == "degraded" and not health["sinks"]["requests"]["ok"]
+            requests = health["sinks"]["requests"]
+            assert requests["held"] <= 2 * 4  # one failed batch plus a full queue, at most
+            assert requests["dropped"] >= 12 - 2 * 4
+            assert "cannot write request records" in requests["last_error"]
+            assert metric(one, "revgate_router_requests_sink_failures_total") >= 2
+            assert metric(one, "revgate_router_requests_sink_ok") == 0
+            assert metric(one, "revgate_router_requests_sink_dropped_total") == requests["dropped"]
+
+            moto.start(bucket)  # back, empty
+            wait_until(lambda: sink_health(one)["ok"] and sink_health(one)["held"] == 0, timeout=30)
+            assert admin(one, "/admin/health").json()["status"] == "ok"
+            complete(one, "after")
+            reader = requests_reader(url)
+            names: list[str] = []
+            wait_until(lambda: names.extend(item.caller_request_id for item in reader.read().records)
+                       or "after" in names, timeout=20)
+            kept = [name for name in names if name.startswith("down")]
+            assert len(kept) == 12 - sink_health(one)["dropped"]
+            assert "down11" in kept  # the newest are kept; the oldest queued were dropped
+        assert (tmp_path / "router.log").read_text().count("cannot write") >= 1  # logged, once per period
+    finally:
+        moto.stop()
