@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,12 @@ def served(records: list[RequestRecord]) -> list[RequestRecord]:
     return [item for item in records if item.arm != "shadow"]
 
 
+def gather(into: list[Any], items: Iterable[Any]) -> list[Any]:
+    """Add a read's items to what was read before; the whole so far (for polling conditions)."""
+    into.extend(items)
+    return into
+
+
 def test_two_routers_feed_one_prefix_and_reading_is_incremental(
     farm: UpstreamFarm, s3_endpoint: str, tmp_path: Path
 ) -> None:
@@ -77,7 +83,7 @@ def test_two_routers_feed_one_prefix_and_reading_is_incremental(
             complete(two, f"b{number}")
         reader = requests_reader(url)
         found: list[RequestRecord] = []
-        wait_until(lambda: found.extend(served(reader.read().records)) or len(found) >= 8, timeout=20)
+        wait_until(lambda: len(gather(found, served(reader.read().records))) >= 8, timeout=20)
         assert len(found) == 8
         by_router = {router: sum(1 for item in found if item.caller_request_id.startswith(router[-1]))
                      for router in ("host-a", "host-b")}
@@ -90,13 +96,13 @@ def test_two_routers_feed_one_prefix_and_reading_is_incremental(
         # Incremental: a second read returns only what was written since.
         complete(one, "a-late")
         later: list[RequestRecord] = []
-        wait_until(lambda: later.extend(served(reader.read().records)) or bool(later), timeout=20)
+        wait_until(lambda: bool(gather(later, served(reader.read().records))), timeout=20)
         assert [item.caller_request_id for item in later] == ["a-late"]
 
         # Shadow pairs of both routers land in the same prefix, read the same way.
         pairs = RecordReader(open_record_store(url), ROUTE, "paired", lambda data: PairedRecord(**data))
         paired: list[PairedRecord] = []
-        wait_until(lambda: paired.extend(pairs.read().records) or len(paired) >= 9, timeout=20)
+        wait_until(lambda: len(gather(paired, pairs.read().records)) >= 9, timeout=20)
         assert pairs.totals == {"host-a": 6, "host-b": 3}
         assert all(item.shadow_output and item.stable_output for item in paired)
 
@@ -171,8 +177,8 @@ def test_an_unreachable_store_keeps_the_router_serving_bounded_and_visible_then_
             complete(one, "after")
             reader = requests_reader(url)
             names: list[str] = []
-            wait_until(lambda: names.extend(item.caller_request_id for item in reader.read().records)
-                       or "after" in names, timeout=20)
+            wait_until(lambda: "after" in gather(names, (item.caller_request_id for item in reader.read().records)),
+                       timeout=20)
             kept = [name for name in names if name.startswith("down")]
             assert len(kept) == 12 - sink_health(one)["dropped"]
             assert "down11" in kept  # the newest are kept; the oldest queued were dropped
