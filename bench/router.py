@@ -320,6 +320,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         records = sum(1 for _ in (workdir / "records.jsonl").open())
         results["revgate"]["records_written"] = records
 
+        # The same router with the record sink on (a local folder, one object per second) instead of the file.
+        port, admin = free_port(), free_port()
+        sink = [*command[:command.index("--port")], "--port", str(port), "--admin-port", str(admin),
+                "--admin-token-file", str(workdir / "token"), "--records-sink", str(workdir / "sink"),
+                "--router-id", "bench"]
+        with started(sink, port, core=PROXY_CORE, log=workdir / "router-sink.log") as router:
+            results["revgate_sink"] = measure_load("revgate_sink", port, router.pid, args, workdir)
+        results["revgate_sink"]["records_written"] = sum(
+            1 for path in (workdir / "sink").rglob("*.jsonl") for _ in path.open())
+
         port = free_port()
         nginx = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(workdir), "-c",
                  str(nginx_config(workdir, port, upstream))]
@@ -357,7 +367,8 @@ def summarise(results: dict[str, Any], swaps: list[float]) -> dict[str, Any]:
             "p50_ms_at_500rps": round(measured["p50_ms"], 3),
             "p99_ms_at_500rps": round(measured["p99_ms"], 3),
         }
-    figures["revgate"]["records_written"] = results["revgate"]["records_written"]
+    for name in ("revgate", "revgate_sink"):
+        figures[name]["records_written"] = results[name]["records_written"]
     figures["swap_propagation_p99_ms"] = round(sorted(swaps)[max(0, int(len(swaps) * 0.99) - 1)], 2)
     figures["swap_propagation_p50_ms"] = round(statistics.median(swaps), 2)
     figures["ratios"] = {
@@ -366,13 +377,19 @@ def summarise(results: dict[str, Any], swaps: list[float]) -> dict[str, Any]:
         "revgate_cpu_per_req_vs_vllm_router": round(
             figures["revgate"]["cpu_us_per_req"] / figures["vllm_router"]["cpu_us_per_req"], 2),
         "revgate_max_rps_vs_vllm_router": round(figures["revgate"]["max_rps"] / figures["vllm_router"]["max_rps"], 2),
+        "revgate_sink_cpu_per_req_vs_revgate": round(
+            figures["revgate_sink"]["cpu_us_per_req"] / figures["revgate"]["cpu_us_per_req"], 2),
+        "revgate_sink_cpu_per_req_vs_nginx": round(
+            figures["revgate_sink"]["cpu_us_per_req"] / figures["nginx"]["cpu_us_per_req"], 2),
+        "revgate_sink_cpu_per_req_vs_vllm_router": round(
+            figures["revgate_sink"]["cpu_us_per_req"] / figures["vllm_router"]["cpu_us_per_req"], 2),
     }
     return figures
 
 
 def print_table(figures: dict[str, Any]) -> None:
     print(f"\n{'system':<12} {'req/s':>8} {'CPU us/req':>11} {'+p50 ms':>9} {'+p99 ms':>9} {'+1st chunk ms':>14}")
-    for name in ("direct", "revgate", "nginx", "vllm_router"):
+    for name in ("direct", "revgate", "revgate_sink", "nginx", "vllm_router"):
         row = figures[name]
         print(f"{name:<12} {row['max_rps']:>8} {row['cpu_us_per_req']:>11} {row['added_p50_ms_at_500rps']:>9} "
               f"{row['added_p99_ms_at_500rps']:>9} {row['stream_first_chunk_added_p50_ms']:>14}")
