@@ -106,7 +106,10 @@ class ObjectSink:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception as error:  # the flush task must outlive any store failure
+                self._failed(f"{type(error).__name__}: {error}")
 
     async def flush(self) -> bool:
         """Write the failed batch, if any, then everything queued; False when the store refused."""
@@ -128,10 +131,16 @@ class ObjectSink:
     def _batch(self) -> tuple[ObjectName, bytes, int]:
         """Everything queued, serialised under the next name (serialisation happens here, off the request path)."""
         batch, self.buffer = self.buffer, deque()
-        data = b"".join([line_bytes(record) for record in batch])
+        lines = []
+        for record in batch:
+            try:
+                lines.append(line_bytes(record))
+            except (TypeError, ValueError) as error:  # a record that cannot be written is dropped, counted
+                self.dropped += 1
+                log.error("%s records: dropped one that cannot be serialised: %s", self.kind, error)
         name = ObjectName(self.route, self.kind, self.router, int(time.time() * 1000), self.boot, self.sequence)
         self.sequence += 1
-        return name, data, len(batch)
+        return name, b"".join(lines), len(lines)
 
     def _failed(self, error: str) -> None:
         self.failures += 1

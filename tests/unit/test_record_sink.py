@@ -138,3 +138,14 @@ def test_bad_store_url_and_router_id_are_typed_errors() -> None:
         open_record_store("s3:///records")
     with pytest.raises(RecordStoreInvalid, match="router id"):
         check_router_id("a/b")
+
+
+def test_a_record_that_cannot_be_serialised_is_dropped_and_counted(tmp_path: Path) -> None:
+    store = FolderRecordStore(tmp_path)
+    sink = ObjectSink(store, "chat", "requests", "host-a")
+    sink.append(record(1))
+    sink.append({"request_id": object()})  # not JSON
+    sink.append(record(2))
+    assert flush(sink)
+    assert sink.dropped == 1 and sink.written_records == 2
+    assert [item.request_id for item in reader(store).read().records] == ["r1", "r2"]
