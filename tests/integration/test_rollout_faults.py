@@ -222,3 +222,27 @@ def test_a_candidate_replica_killed_mid_canary_is_rolled_back_automatically(part
     run = evidence_run(handle)
     assert "candidate replica" in run.data.tags["revgate.step.stopped"]
     assert run.data.tags["revgate.decision"] == "rolled_back"
+
+
+@pytest.mark.timeout(600)
+def test_stable_short_of_capacity_refuses_the_rollout_before_anything_moves(parts: Estate, tmp_path: Path) -> None:
+    # What a replica carries, measured at warm-up, moves fivefold with the machine's load (4 to 21
+    # requests/s here); a plan that allows each replica 2% of it makes 3 requests/s more than one
+    # stable replica may take, on a quiet machine or a busy one.
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=1)], lease_seconds=20,
+                             rollback_window_seconds=0, target_utilisation="0.02")
+    with rollout(parts, tmp_path, "short", plan, rate=3.0) as handle:
+        records = Path(handle.spec.router_records)
+
+        def seconds_of_traffic() -> bool:
+            return records.exists() and len(records.read_bytes().splitlines()) >= 3 * 25
+
+        wait_until(seconds_of_traffic, 120, "25 s of traffic in the router's records")
+        candidates_before = len(parts.states(parts.revision("improved").fingerprint))
+        handle.start_flow()
+        assert handle.wait_flow(300) == 2, handle.flow_log()[-3000:]
+    out = handle.flow_log()
+    assert "PromotionRefused" in out and "stable cannot carry the route's traffic" in out
+    assert [s.generation for s in handle.history()] == [1]  # no traffic moved
+    assert len(parts.states(parts.revision("improved").fingerprint)) == candidates_before  # nothing loaded
+    assert "ready" in parts.states(handle.current().stable.fingerprint)
