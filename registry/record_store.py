@@ -1,12 +1,14 @@
 """Request-record objects: one JSON-lines object per router per flush, in a folder or an S3 prefix.
 
 Every router writes its records as whole objects named
-``<route>/<kind>/<router>/<written ms, 13 digits>-<boot>-<sequence, 8 digits>.jsonl`` under the store's
+``<route>/<kind>/<router>/<written ms, 13 digits>-<boot>-<sequence, 8 digits>-<dropped>.jsonl`` under the store's
 root. An object is written once, atomically (a rename in a folder, one PutObject in S3), so a reader
 sees all of it or none. Names sort by the time they were written within a router, which lets a reader
 list only what is new since its last read (S3's StartAfter) and skip whatever was written before a
 stage window opened. The boot (a random tag per router process) and the sequence number make each
-name unique and let a reader notice an object that went missing between two it did read.
+name unique and let a reader notice an object that went missing between two it did read; the
+router's count of records it dropped so far (its buffer overflowed while the store was down) lets
+the reader report those too.
 
 The reader here knows JSON lines, the stage window (generations, arrival times) and the names; the
 record types belong to the caller, who passes a ``build`` function (``lambda data: RequestRecord(**data)``).
@@ -29,7 +31,7 @@ from registry.route_store import check_route
 
 KINDS = ("requests", "paired")
 Kind = Literal["requests", "paired"]
-_NAME = re.compile(r"^(?P<ms>\d{13})-(?P<boot>[0-9a-z]{1,16})-(?P<seq>\d{8})\.jsonl$")
+_NAME = re.compile(r"^(?P<ms>\d{13})-(?P<boot>[0-9a-z]{1,16})-(?P<seq>\d{8})-(?P<dropped>\d{1,18})\.jsonl$")
 _ROUTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 T = TypeVar("T")
 
@@ -66,11 +68,12 @@ class ObjectName:
     written_ms: int
     boot: str
     sequence: int
+    dropped: int = 0  # records the router had dropped (since it started) when it wrote this object
 
     @property
     def file(self) -> str:
         """The last part of the key; names of one router sort by write time."""
-        return f"{self.written_ms:013d}-{self.boot}-{self.sequence:08d}.jsonl"
+        return f"{self.written_ms:013d}-{self.boot}-{self.sequence:08d}-{self.dropped}.jsonl"
 
     @property
     def key(self) -> str:
@@ -94,7 +97,7 @@ def parse_name(route: str, kind: str, router: str, file: str) -> ObjectName | No
     found = _NAME.match(file)
     if found is None:
         return None
-    return ObjectName(route, kind, router, int(found["ms"]), found["boot"], int(found["seq"]))
+    return ObjectName(route, kind, router, int(found["ms"]), found["boot"], int(found["seq"]), int(found["dropped"]))
 
 
 class RecordStore(Protocol):
@@ -297,7 +300,7 @@ class StageWindow:
         return "" if self.since_s is None else f"{int(self.since_s * 1000):013d}"
 
 
-ProblemKind = Literal["missing", "corrupt", "unreadable", "gap"]
+ProblemKind = Literal["missing", "corrupt", "unreadable", "gap", "dropped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +311,7 @@ class ObjectProblem:
     where: str
     kind: ProblemKind
     detail: str
+    count: int = 0  # objects missing from a gap, records dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,12 +323,22 @@ class RecordsRead(Generic[T]):
     objects: int
     problems: list[ObjectProblem] = field(default_factory=list)
 
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Records each router reported dropped (from its buffer, while its store was down), per router."""
+        found: dict[str, int] = {}
+        for problem in self.problems:
+            if problem.kind == "dropped":
+                found[problem.router] = found.get(problem.router, 0) + problem.count
+        return found
+
 
 @dataclass(slots=True)
 class _Cursor:
     file: str = ""  # the last object file read in full
     boot: str = ""
     sequence: int = -1
+    dropped: int = 0
 
 
 class RecordReader(Generic[T]):
@@ -389,11 +403,17 @@ class RecordReader(Generic[T]):
 
     @staticmethod
     def _advance(cursor: _Cursor, name: ObjectName, router: str, where: str, problems: list[ObjectProblem]) -> None:
-        if cursor.boot == name.boot and name.sequence > cursor.sequence + 1:
+        known = cursor.boot == name.boot
+        if known and name.sequence > cursor.sequence + 1:
             missing = name.sequence - cursor.sequence - 1
             problems.append(ObjectProblem(router, where, "gap",
-                                          f"{missing} object(s) of this router missing before this one"))
-        cursor.file, cursor.boot, cursor.sequence = name.file, name.boot, name.sequence
+                                          f"{missing} object(s) of this router missing before this one", missing))
+        dropped = name.dropped - (cursor.dropped if known else 0)
+        if dropped > 0:
+            since = "since the object before" if known else "since it started (some perhaps before this window)"
+            problems.append(ObjectProblem(router, where, "dropped",
+                                          f"the router dropped {dropped} record(s) {since}", dropped))
+        cursor.file, cursor.boot, cursor.sequence, cursor.dropped = name.file, name.boot, name.sequence, name.dropped
 
     def _parse(self, data: bytes, window: StageWindow, records: list[T], problems: list[ObjectProblem],
                origin: tuple[str, str]) -> int:

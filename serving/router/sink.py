@@ -63,7 +63,7 @@ class Tee:
 
 
 class ObjectSink:
-    """Batches records into one object per interval: ``<route>/<kind>/<router>/<ms>-<boot>-<seq>.jsonl``."""
+    """Batches records into one object per interval: ``<route>/<kind>/<router>/<ms>-<boot>-<seq>-<dropped>.jsonl``."""
 
     def __init__(self, store: RecordStore, route: str, kind: str, router: str, *, interval_s: float = 1.0,
                  capacity: int = 100_000) -> None:
@@ -138,7 +138,8 @@ class ObjectSink:
             except (TypeError, ValueError) as error:  # a record that cannot be written is dropped, counted
                 self.dropped += 1
                 log.error("%s records: dropped one that cannot be serialised: %s", self.kind, error)
-        name = ObjectName(self.route, self.kind, self.router, int(time.time() * 1000), self.boot, self.sequence)
+        name = ObjectName(self.route, self.kind, self.router, int(time.time() * 1000), self.boot, self.sequence,
+                          self.dropped)
         self.sequence += 1
         return name, b"".join(lines), len(lines)
 

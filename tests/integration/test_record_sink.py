@@ -177,10 +177,18 @@ def test_an_unreachable_store_keeps_the_router_serving_bounded_and_visible_then_
             complete(one, "after")
             reader = requests_reader(url)
             names: list[str] = []
-            wait_until(lambda: "after" in gather(names, (item.caller_request_id for item in reader.read().records)),
-                       timeout=20)
+            dropped: list[int] = []
+
+            def poll() -> bool:
+                found = reader.read()
+                names.extend(item.caller_request_id for item in found.records)
+                dropped.extend(found.dropped.values())
+                return "after" in names
+
+            wait_until(poll, timeout=20)
             kept = [name for name in names if name.startswith("down")]
             assert len(kept) == 12 - sink_health(one)["dropped"]
+            assert sum(dropped) == sink_health(one)["dropped"]  # the reader sees the drops: missing evidence
             assert "down11" in kept  # the newest are kept; the oldest queued were dropped
         assert (tmp_path / "router.log").read_text().count("cannot write") >= 1  # logged, once per period
     finally:

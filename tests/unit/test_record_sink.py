@@ -102,7 +102,9 @@ def test_an_unwritable_folder_holds_bounded_records_drops_oldest_then_recovers(t
     assert sink.ok and sink.held == 0 and sink.written_records == 8
     found = reader(store).read()
     assert [item.request_id for item in found.records] == ["r0", "r1", "r2", "r6", "r7", "r8", "r9", "r10"]
-    assert found.problems == []  # the failed batch was written under its own name: no gap
+    # The failed batch was written under its own name (no gap); the drops are reported with the router.
+    assert [(problem.kind, problem.count) for problem in found.problems] == [("dropped", 3)]
+    assert found.dropped == {"host-a": 3}
 
 
 def test_corrupt_and_missing_objects_are_reported_not_skipped(tmp_path: Path) -> None:
@@ -148,4 +150,5 @@ def test_a_record_that_cannot_be_serialised_is_dropped_and_counted(tmp_path: Pat
     sink.append(record(2))
     assert flush(sink)
     assert sink.dropped == 1 and sink.written_records == 2
-    assert [item.request_id for item in reader(store).read().records] == ["r1", "r2"]
+    found = reader(store).read()
+    assert [item.request_id for item in found.records] == ["r1", "r2"] and found.dropped == {"host-a": 1}
