@@ -35,6 +35,7 @@ from evaluation.gates import gates_from_policy, judge
 from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry, read_trace
 from flows import evidence, steps
+from flows.auditor import version_facts
 from flows.report import report_markdown, slice_rows
 from flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
 from flows.spec import PromotionSpec
@@ -241,8 +242,10 @@ class Promotion:
     def publish(self, report: GateReport, stage: str) -> str:
         """Record a gate report in MLflow and as Prefect artifacts; the markdown shown to humans."""
         self.reports += 1
-        self.ledger.log_document(self.run, f"gate-report-{self.reports:02d}-{stage}", report)
         markdown = report_markdown(report, stage)
+        # JSON, readable markdown beside it, and the stage's figures as metrics (the auditor's view).
+        self.ledger.log_gate_report(self.run, f"gate-report-{self.reports:02d}-{stage}", report, markdown,
+                                    self.state.step_index)
         create_markdown_artifact(markdown, key=f"gate-report-{self.spec.route}", description=f"gates at {stage}")
         create_table_artifact(slice_rows(report), key=f"gate-slices-{self.spec.route}", description=stage)
         self.latest_report = markdown
@@ -411,7 +414,8 @@ class Rollout:
         spec = self.spec
         revision = pin_task(spec)
         self.candidate = revision.fingerprint
-        run = self.ledger.open_run(spec.route, revision.fingerprint, {"revgate.candidate_name": spec.candidate_name})
+        run = self.ledger.open_run(spec.route, revision.fingerprint, {"revgate.candidate_name": spec.candidate_name,
+                                                                      "prefect_flow_run_id": flow_run.get_id() or ""})
         for name, document in (("service-revision", revision), ("gate-policy", spec.gate_policy), ("plan", spec.plan)):
             self.ledger.log_document(run, name, document)
         decision = "failed"
@@ -456,6 +460,7 @@ class Rollout:
         promoted_at = time.time()
         self.retired = steps.replicas_serving(spec, driver.before.stable.endpoints)
         version = ledger.register_version(run, spec.registered_model, driver.target.fingerprint)
+        ledger.describe_version(spec.registered_model, version, version_facts(ledger, run, spec, "promoted"))
         ledger.move_alias(spec.registered_model, "stable", version, by=spec.created_by,
                           generation=driver.owner.generation)
         self.lock.close()  # the window never holds the route against an operator's rollback

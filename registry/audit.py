@@ -18,6 +18,12 @@ DIGEST_TAG = "revgate.digest."
 STEP_TAG = "revgate.step."
 
 CheckStatus = Literal["ok", "mismatch", "missing"]
+ATTACHED_SUFFIXES = (".md", ".png", ".html")  # readable renderings and plots, stored under their own names
+
+
+def attached(name: str) -> bool:
+    """Whether an evidence name is a file kept under its own name (a report's markdown, a plot), not JSON."""
+    return name.endswith(ATTACHED_SUFFIXES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +43,8 @@ class DocumentCheck:
 
     @property
     def path(self) -> str:
-        """Where the document lies among the run's artifacts."""
-        return f"evidence/{self.name}.json"
+        """Where the document lies among the run's artifacts (a readable file keeps its own suffix)."""
+        return f"evidence/{self.name}" if attached(self.name) else f"evidence/{self.name}.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +91,7 @@ def report_for(approval: Mapping[str, Any] | None, documents: Mapping[str, bytes
     if approval is None:
         return None
     for name in sorted(documents):
-        if name.startswith("gate-report-"):
+        if name.startswith("gate-report-") and not attached(name):
             try:
                 digest = json.loads(documents[name]).get("evidence_digest")
             except (ValueError, AttributeError):

@@ -19,13 +19,23 @@ from typing import Any
 from manifests.canonical import sha256_digest
 from manifests.document import Document
 from manifests.errors import RevgateError
+from manifests.gates import GateReport
 from registry.audit import (
     RunEvidence,
+    attached,
     check_documents,
     parse_approval,
     recorded_digests,
     recorded_steps,
     report_for,
+)
+from registry.auditor_view import (
+    StageSummary,
+    VersionFacts,
+    stage_metrics,
+    summarize,
+    version_description,
+    version_tags,
 )
 
 
@@ -90,6 +100,63 @@ class EvidenceLedger:
         self.client.set_tag(run.run_id, f"revgate.step.{step}", outcome)
         for key, value in (metrics or {}).items():
             self.client.log_metric(run.run_id, f"{step}.{key}", value)
+
+    def log_gate_report(self, run: EvidenceRun, name: str, report: GateReport, markdown: str, stage: int) -> str:
+        """A gate report as canonical JSON, as readable markdown beside it (both digest-tagged), and its
+        figures as metrics at step ``stage``, so MLflow's charts follow the stages and compare rollouts."""
+        digest = self.log_document(run, name, report)
+        self.log_readable(run, f"{name}.md", markdown)
+        self.log_metrics(run, stage_metrics(report), step=stage)
+        return digest
+
+    def log_readable(self, run: EvidenceRun, name: str, text: str) -> None:
+        """A readable rendering (markdown, HTML) under ``evidence/NAME``, tagged with its digest for the audit."""
+        self.client.log_text(run.run_id, text, f"evidence/{name}")
+        self.client.set_tag(run.run_id, f"revgate.digest.{name}", sha256_digest(text.encode()))
+
+    def log_attachment(self, run: EvidenceRun, path: Path) -> None:
+        """A file (a plot) under ``evidence/`` by its own name, tagged with its digest for the audit."""
+        self.client.log_artifact(run.run_id, str(path), "evidence")
+        self.client.set_tag(run.run_id, f"revgate.digest.{path.name}", sha256_digest(path.read_bytes()))
+
+    def log_metrics(self, run: EvidenceRun, values: Mapping[str, float], step: int) -> None:
+        """Several metrics at one step, in one request."""
+        from mlflow.entities import Metric
+
+        now = int(datetime.now(UTC).timestamp() * 1000)
+        metrics = [Metric(key, float(value), now, step) for key, value in sorted(values.items())]
+        for start in range(0, len(metrics), 900):  # MLflow takes at most 1000 metrics per batch
+            self.client.log_batch(run.run_id, metrics=metrics[start:start + 900])
+
+    def describe_version(self, model: str, version: str, facts: VersionFacts) -> None:
+        """The version page's description and tags: decision, when, approver, signer, gates, the run's link."""
+        self.client.update_model_version(model, version, description=version_description(facts))
+        for key, value in version_tags(facts).items():
+            self.client.set_model_version_tag(model, version, key, value)
+
+    def stage_summaries(self, run_id: str) -> tuple[StageSummary, ...]:
+        """Each gate report the run logged, as its line in a version description, in stage order."""
+        stored = self.evidence_files(run_id)
+        names = sorted(name for name in stored if name.startswith("gate-report-") and not attached(name))
+        return tuple(summarize(GateReport.model_validate_json(stored[name]), name.split("-", 3)[-1])
+                     for name in names)
+
+    def latest_run(self, route: str) -> Any | None:
+        """The newest promotion run of ``route`` (an MLflow Run), or None when there is none."""
+        experiment = self.client.get_experiment_by_name(f"revgate/{route}")
+        if experiment is None:
+            return None
+        runs = self.client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"],
+                                       max_results=1)
+        return runs[0] if runs else None
+
+    def latest_gate_report(self, run_id: str) -> tuple[str, GateReport] | None:
+        """The run's newest gate report by name (``gate-report-NN-STAGE``), or None before the first."""
+        stored = self.evidence_files(run_id)
+        names = sorted(name for name in stored if name.startswith("gate-report-") and not attached(name))
+        if not names:
+            return None
+        return names[-1], GateReport.model_validate_json(stored[names[-1]])
 
     def close(self, run: EvidenceRun, decision: str) -> None:
         """End the run with the promotion's decision (promoted, rolled_back, paused, failed)."""
@@ -160,7 +227,8 @@ class EvidenceLedger:
                 local = Path(self.client.download_artifacts(run_id, "evidence", folder))
             except (MlflowException, OSError):
                 return {}
-            return {path.stem: path.read_bytes() for path in local.glob("*.json") if path.is_file()}
+            return {(path.name if attached(path.name) else path.stem): path.read_bytes()
+                    for path in local.iterdir() if path.is_file() and (path.suffix == ".json" or attached(path.name))}
 
     def aliases_of(self, model: str, candidate: str) -> dict[str, str]:
         """Alias -> version for the registered model's versions of this revision (empty if none)."""

@@ -1,0 +1,87 @@
+"""The auditor's view in MLflow on a real SQLite store: the version's description and tags, metrics per
+stage that MLflow charts, each gate report readable beside its JSON, plots, all checked by the audit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evaluation import plots
+from evaluation.gates import gates_from_policy, judge
+from flows.report import report_markdown
+from registry.auditor_view import VersionFacts
+from registry.ledger import EvidenceLedger, sqlite_uri
+from tests.integration.commands import revgate
+from tests.unit.test_gates import evidence, policy
+
+pytestmark = pytest.mark.servers
+
+EVEN = {"add": 0.8, "rev": 0.8, "sort": 0.8}
+FINGERPRINT = "sha256:" + "5" * 64
+
+
+OUTCOMES: dict[int, str] = {}  # each stage's joint outcome, as judged when the rollout was logged
+
+
+def rollout_with_two_stages(tmp_path: Path) -> tuple[EvidenceLedger, str, str]:
+    """A promoted run with two gate reports (markdown and plots beside them) and a described version."""
+    ledger = EvidenceLedger(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "artifacts")
+    run = ledger.open_run("chat", FINGERPRINT)
+    gate_policy = policy()
+    for stage, samples in enumerate((300, 600)):
+        proof = evidence(EVEN, EVEN, n=samples, final=stage == 1)
+        report = judge(gates_from_policy(gate_policy), gate_policy, proof)
+        OUTCOMES[stage] = report.outcome
+        name = f"gate-report-{stage + 1:02d}-step{stage:02d}"
+        ledger.log_gate_report(run, name, report, report_markdown(report, f"step{stage:02d}"), stage)
+    ledger.log_attachment(run, plots.quality_per_slice(proof, gate_policy, tmp_path / "quality-per-slice.png"))
+    version = ledger.register_version(run, "chat-model", FINGERPRINT)
+    facts = VersionFacts(decision="promoted", decided_at="2026-11-30T12:00:00+00:00", approver="dana",
+                         signer="release@example.com", manifest_digest="sha256:" + "a" * 64, run_id=run.run_id,
+                         experiment_id=run.experiment_id, stages=ledger.stage_summaries(run.run_id))
+    ledger.describe_version("chat-model", version, facts)
+    ledger.close(run, "promoted")
+    return ledger, run.run_id, version
+
+
+def test_the_version_page_states_decision_approver_gates_and_links_the_run(tmp_path: Path) -> None:
+    ledger, run_id, number = rollout_with_two_stages(tmp_path)
+    version = ledger.client.get_model_version("chat-model", number)
+    assert version.description.startswith("**Decision: promoted** at 2026-11-30T12:00:00+00:00, approved by **dana**")
+    assert f"[run {run_id}](#/experiments/" in version.description
+    assert f"| step00 | {OUTCOMES[0]} | 300 | 300 | - |" in version.description
+    assert f"| step01 | {OUTCOMES[1]} | 600 | 600 | - |" in version.description
+    assert version.tags["revgate.manifest_digest"] == "sha256:" + "a" * 64
+    assert (version.tags["revgate.signer"], version.tags["revgate.decision"], version.tags["revgate.approver"]) == (
+        "release@example.com", "promoted", "dana")
+
+
+def test_stage_figures_are_metrics_with_the_stage_as_step(tmp_path: Path) -> None:
+    ledger, run_id, _ = rollout_with_two_stages(tmp_path)
+    history = ledger.client.get_metric_history(run_id, "samples.candidate")
+    assert sorted((m.step, m.value) for m in history) == [(0, 300.0), (1, 600.0)]
+    for key in ("quality.family_add.lower", "quality.family_add.upper", "quality.family_add.estimate",
+                "errors.candidate_error_rate", "latency-ttft.upper"):
+        steps = sorted(m.step for m in ledger.client.get_metric_history(run_id, key))
+        assert steps == [0, 1], key
+    lower = ledger.client.get_metric_history(run_id, "quality.family_add.lower")[-1].value
+    upper = ledger.client.get_metric_history(run_id, "quality.family_add.upper")[-1].value
+    assert lower < upper
+
+
+def test_the_readable_report_and_plots_are_checked_by_the_audit(tmp_path: Path) -> None:
+    ledger, run_id, _ = rollout_with_two_stages(tmp_path)
+    uri = sqlite_uri(tmp_path / "mlflow.db")
+    artifacts = Path(ledger.client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "evidence"
+    markdown = (artifacts / "gate-report-02-step01.md").read_text()
+    assert markdown.startswith("### Gates at stage `step01`: **") and "| candidate | 600 |" in markdown
+    intact = revgate("evidence", FINGERPRINT, "--tracking-uri", uri, "--model", "chat-model")
+    assert intact.returncode == 0, intact.stdout + intact.stderr
+    assert "ok       evidence/gate-report-02-step01.md" in intact.stdout
+    assert "ok       evidence/quality-per-slice.png" in intact.stdout
+    (artifacts / "gate-report-02-step01.md").write_text(markdown.replace("| candidate | 600 |", "| candidate | 6000 |"))
+    edited = revgate("evidence", FINGERPRINT, "--tracking-uri", uri, "--model", "chat-model")
+    assert edited.returncode == 4, edited.stdout + edited.stderr
+    assert "mismatch evidence/gate-report-02-step01.md  expected sha256:" in edited.stdout
+    assert "ok       evidence/gate-report-02-step01.json" in edited.stdout  # the JSON beside it is untouched
