@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from evaluation import graders, reference_task
@@ -80,6 +80,23 @@ GRADERS: dict[str, graders.Grader] = {
 }
 
 
+def grade_arm(records: Sequence[RequestRecord], grader: graders.Grader) -> dict[str, float]:
+    """Scores by request id: answered requests by ``grader``; a failed labelled request scores 0.
+
+    A request that failed (error, timeout, cancelled, rejected) is a failed outcome for the user:
+    it is counted as wrong wherever it carried a reference, never dropped from the quality evidence.
+    """
+    scores: dict[str, float] = {}
+    for record in records:
+        if record.outcome == "ok":
+            grade = grader(record)
+            if grade is not None:
+                scores[record.request_id] = grade.score
+        elif record.reference is not None:
+            scores[record.request_id] = 0.0
+    return scores
+
+
 def build_evidence(
     stable: Sequence[RequestRecord],
     candidate: Sequence[RequestRecord],
@@ -87,15 +104,15 @@ def build_evidence(
     *,
     expected_candidate_share: float | None = None,
     final: bool = False,
+    pair_scores: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
 ) -> Evidence:
-    """Grade both arms (successful, labelled requests only) and bundle them as gate evidence."""
-    ok_s = [r for r in stable if r.outcome == "ok"]
-    ok_c = [r for r in candidate if r.outcome == "ok"]
+    """Grade both arms (see :func:`grade_arm`) and bundle them, with any graded shadow pairs, as gate evidence."""
     return Evidence(
         tuple(stable),
         tuple(candidate),
-        graders.score_records(ok_s, grader),
-        graders.score_records(ok_c, grader),
+        grade_arm(stable, grader),
+        grade_arm(candidate, grader),
         expected_candidate_share=expected_candidate_share,
         final=final,
+        pair_scores=pair_scores or {},
     )

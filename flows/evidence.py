@@ -10,29 +10,37 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from evaluation.gates import Evidence
-from evaluation.graders import exact_match, score_records
 from evaluation.records import RequestRecord
 from evaluation.replay import replay
 from evaluation.traces import TraceEntry
+from registry.record_store import RecordReader, RecordStoreUnavailable, StageWindow, open_record_store
 from shadow.records import PairedRecord
 
 OWN_TRAFFIC = re.compile(r"^step\d+-b\d+-")  # request ids of the rollout's replayed evidence (stage_batch)
+PROBE_LABEL, PROBE = "class", "probe"  # the declared request class of the flow's probe traffic
+
+
+def is_probe(record: RequestRecord) -> bool:
+    """Whether the flow's probe traffic sent this request (it declares ``class=probe``)."""
+    return record.slices.get(PROBE_LABEL) == PROBE
 
 
 def stage_batch(trace: Sequence[TraceEntry], stage: str, batch: int, size: int) -> list[TraceEntry]:
     """The ``batch``-th slice of the trace, re-timed to start now and re-identified for this stage.
 
-    Request ids carry the stage so that shadow pairs and records of different stages never mix.
+    Request ids carry the stage so that shadow pairs and records of different stages never mix, and
+    every request declares itself a probe (``class=probe`` among its slice labels, which the router
+    records) so that the gates tell the flow's own traffic from the users'.
     """
     chosen = [trace[(batch * size + index) % len(trace)] for index in range(size)]
     start = chosen[0].offset_s
     return [
-        replace(entry, request_id=f"{stage}-b{batch}-{entry.request_id}", offset_s=max(0.0, entry.offset_s - start))
+        replace(entry, request_id=f"{stage}-b{batch}-{entry.request_id}", offset_s=max(0.0, entry.offset_s - start),
+                slices={**entry.slices, PROBE_LABEL: PROBE})
         for entry in chosen
     ]
 
@@ -138,24 +146,6 @@ def shadow_arms(
     return stable_arm, candidate_arm
 
 
-def build_evidence(
-    stable: Sequence[RequestRecord],
-    candidate: Sequence[RequestRecord],
-    *,
-    expected_candidate_share: float | None,
-    final: bool,
-) -> Evidence:
-    """Graded evidence (exact match against the reference answer) for the gates."""
-    return Evidence(
-        stable=tuple(stable),
-        candidate=tuple(candidate),
-        stable_scores=score_records(stable, exact_match),
-        candidate_scores=score_records(candidate, exact_match),
-        expected_candidate_share=expected_candidate_share,
-        final=final,
-    )
-
-
 class RecordsTail:
     """The router's request-records file, read incrementally (the rollback window looks at it often)."""
 
@@ -199,3 +189,152 @@ def live_arrivals(path: Path, since_s: float, tail_bytes: int = 4 << 20) -> list
         if record.get("arrival_s", 0) >= since_s and not OWN_TRAFFIC.match(str(record.get("request_id", ""))):
             arrivals.append(float(record["arrival_s"]))
     return arrivals
+
+
+# --- the record sink: every router's records of one stage ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StageArms:
+    """A stage's two arms as read from the sink, and where they came from."""
+
+    stable: list[RequestRecord]
+    candidate: list[RequestRecord]
+    per_router: dict[str, int]
+    lost: tuple[str, ...]  # evidence the sink could not give: missing objects, drops, an unreachable store
+
+    def counts(self) -> dict[str, int]:
+        """Requests per arm from users and from the flow's probes."""
+        return {f"{arm}_{origin}": sum(is_probe(r) == (origin == "probes") for r in records)
+                for arm, records in (("stable", self.stable), ("candidate", self.candidate))
+                for origin in ("users", "probes")}
+
+    def note(self) -> str:
+        """One line for the gate report: how much evidence came from users and how much from probes."""
+        c = self.counts()
+        routers = ", ".join(f"{name} {count}" for name, count in sorted(self.per_router.items())) or "none"
+        return (f"evidence from the record sink: stable {c['stable_users']} user + {c['stable_probes']} probe"
+                f" requests, candidate {c['candidate_users']} user + {c['candidate_probes']} probe requests"
+                f" (records per router: {routers})")
+
+
+class StageRecords:
+    """One stage's records from the record sink, every router's, read incrementally by stage window.
+
+    Each request counts once: the router's record of its last attempt (a probe is never also counted
+    from the flow's own replay). Objects the reader reports missing, corrupt or dropped, and a store
+    that cannot be read, are lost evidence: the stage cannot pass on them.
+    """
+
+    def __init__(self, sink: str, route: str, window: StageWindow, *, paired: bool) -> None:
+        store = open_record_store(sink)
+        self.window = window
+        self.requests = RecordReader(store, route, "requests", lambda data: RequestRecord(**data))
+        self.pair_reader = RecordReader(store, route, "paired", lambda data: PairedRecord(**data)) if paired else None
+        self.by_id: dict[str, RequestRecord] = {}
+        self.pairs: dict[str, PairedRecord] = {}
+        self.per_router: dict[str, int] = {}
+        self.lost: list[str] = []
+        self.unavailable = ""
+
+    def poll(self) -> int:
+        """Read what the routers wrote since the last poll; the number of records and pairs so far."""
+        try:
+            read = self.requests.read(self.window)
+            paired = self.pair_reader.read(self.window) if self.pair_reader is not None else None
+        except RecordStoreUnavailable as error:
+            self.unavailable = error.what
+            return len(self.by_id) + len(self.pairs)
+        self.unavailable = ""
+        for record in read.records:
+            if record.arm == "shadow":
+                continue  # the shadow's answers come as pairs, joined to the caller's request
+            known = self.by_id.get(record.request_id)
+            if known is None or record.attempt >= known.attempt:
+                self.by_id[record.request_id] = record
+        for router, count in read.per_router.items():
+            self.per_router[router] = self.per_router.get(router, 0) + count
+        problems = [*read.problems, *(paired.problems if paired is not None else [])]
+        self.lost += [f"{p.router}: {p.kind} {p.detail}" for p in problems if p.kind != "unreadable"]
+        if paired is not None:
+            self.pairs.update((pair.request_id, pair) for pair in paired.records)
+        return len(self.by_id) + len(self.pairs)
+
+    def settle(self, probes: Iterable[str], *, quiet_s: float = 2.5, limit_s: float = 30.0) -> None:
+        """Poll until every probe sent (caller ids) is in, with its pair in shadow, or none came for ``quiet_s``.
+
+        Routers write their records in batches (one object per interval), and mirrored copies are
+        answered after the callers, so the newest evidence lands a little after the traffic ends.
+        Progress is counted on the probes alone: users' traffic keeps arriving all the time.
+        """
+        wanted = set(probes)
+        deadline = time.monotonic() + limit_s
+        self.poll()
+        done, last_change = self._landed(wanted), time.monotonic()
+        while done < 2 * len(wanted) and time.monotonic() < deadline and time.monotonic() - last_change < quiet_s:
+            time.sleep(0.25)
+            self.poll()
+            if (now := self._landed(wanted)) != done:
+                done, last_change = now, time.monotonic()
+
+    def _landed(self, wanted: set[str]) -> int:
+        """Probes whose record is in, plus those whose pair is in (or need none: canary, or a failed request)."""
+        callers = [r for r in self.by_id.values() if r.caller_request_id in wanted]
+        paired = sum(self.pair_reader is None or r.outcome != "ok" or r.request_id in self.pairs for r in callers)
+        return len(callers) + paired
+
+    def wait_for(self, more: int, limit_s: float) -> None:
+        """Without probes: poll until ``more`` new records arrived from users, or ``limit_s`` passed."""
+        goal = self.poll() + more
+        deadline = time.monotonic() + limit_s
+        while self.poll() < goal and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def problems(self) -> tuple[str, ...]:
+        """Lost evidence so far, and the store's state at the last poll."""
+        return (*self.lost, *((f"record store unavailable: {self.unavailable}",) if self.unavailable else ()))
+
+    def canary(self, stable: str, candidate: str, labels: Mapping[str, TraceEntry]) -> StageArms:
+        """Arms by the revision that served each request, with the probes' reference answers."""
+        records = [with_labels(r, labels) for r in self.by_id.values()]
+        return StageArms([replace(r, arm="stable") for r in records if r.revision == stable],
+                         [replace(r, arm="candidate") for r in records if r.revision == candidate],
+                         dict(self.per_router), self.problems())
+
+    def shadow(self, labels: Mapping[str, TraceEntry]) -> StageArms:
+        """Mirrored requests only: the caller's record (stable) and the shadow's answer (candidate) per pair."""
+        stable_arm: list[RequestRecord] = []
+        candidate_arm: list[RequestRecord] = []
+        for pair in self.pairs.values():
+            caller = self.by_id.get(pair.request_id)
+            if caller is None:
+                continue  # its request record is not in yet: no slices, no arrival, so no pair
+            caller = with_labels(caller, labels)
+            if caller.output_text is None:
+                caller = replace(caller, output_text=pair.stable_output)
+            stable_arm.append(replace(caller, arm="stable"))
+            candidate_arm.append(paired_candidate(pair, caller))
+        return StageArms(stable_arm, candidate_arm, dict(self.per_router), self.problems())
+
+
+def with_labels(record: RequestRecord, labels: Mapping[str, TraceEntry]) -> RequestRecord:
+    """The record with its reference answer, where the flow sent it from a labelled trace."""
+    entry = labels.get(record.caller_request_id)
+    return record if entry is None or entry.reference is None else replace(record, reference=entry.reference)
+
+
+def paired_candidate(pair: PairedRecord, caller: RequestRecord) -> RequestRecord:
+    """The shadow's answer to the caller's request, as a candidate record under the caller's id and labels."""
+    ok = pair.shadow_status == 200 and not pair.shadow_error
+    arrival = caller.arrival_s
+    return RequestRecord(
+        request_id=caller.request_id, revision=pair.shadow_revision, arm="candidate", arrival_s=arrival,
+        outcome="ok" if ok else "error", route=pair.route, generation=pair.generation, tenant=caller.tenant,
+        slices=dict(caller.slices),
+        first_token_s=None if pair.shadow_ttft_s is None else arrival + pair.shadow_ttft_s,
+        last_token_s=None if pair.shadow_e2e_s is None else arrival + pair.shadow_e2e_s,
+        status_code=pair.shadow_status, error=pair.shadow_error, output_text=pair.shadow_output,
+        reference=caller.reference, prompt_tokens=pair.shadow_prompt_tokens,
+        output_tokens=pair.shadow_output_tokens, finish_reason=pair.shadow_finish_reason,
+        caller_request_id=caller.caller_request_id,
+    )

@@ -31,7 +31,9 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 
+from evaluation.evidence import build_evidence
 from evaluation.gates import gates_from_policy, judge
+from evaluation.graders import JudgeEndpoint, answer_pairs, exact_match, grade_pairs, pair_graders
 from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry, read_trace
 from flows import evidence, steps
@@ -60,6 +62,7 @@ from promotion.ownership import Takeover, decision_of, drainable, lease_end
 from promotion.routes import desired_route
 from promotion.window import WindowVerdict, window_verdict
 from registry.ledger import EvidenceLedger, EvidenceRun
+from registry.record_store import StageWindow
 from rollback.plan import revert_to
 
 log = logging.getLogger(__name__)
@@ -129,9 +132,86 @@ def isolated_task(view: dict[str, Any]) -> dict[str, float]:
 
 @task(name="analyze")
 def analyze_task(
+    spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str,
+    generation: int = 0,
+) -> tuple[GateReport, bool]:
+    """Judge the stage's traffic in batches, looking at the gates after each; stop once decided."""
+    if spec.records_sink:
+        return analyze_live(spec, state, step, stage, revisions=(stable, candidate), generation=generation)
+    return analyze_probes(spec, state, step, stage, stable=stable, candidate=candidate)
+
+
+def analyze_live(
+    spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, revisions: tuple[str, str],
+    generation: int,
+) -> tuple[GateReport, bool]:
+    """The stage's evidence from the record sink: every router's records of the stage's generations.
+
+    Users' requests and the flow's probes (when on) both count, each once; the shadow stage is
+    judged on pairs (both revisions answered the same request) where the policy has paired gates.
+    """
+    logger = get_run_logger()
+    trace = read_trace(Path(spec.trace)) if spec.probes else []
+    share = state.weight_ppm / 1_000_000 if state.weight_ppm else None
+    shadow = bool(state.shadow_ppm)
+    gate = gates_from_policy(spec.gate_policy, share, paired_evidence=shadow)
+    window = StageWindow(first_generation=generation, since_s=time.time())
+    records = evidence.StageRecords(spec.records_sink, spec.route, window, paired=shadow)
+    grading = PairGrading(spec) if shadow and spec.gate_policy.paired is not None else None
+    labels: dict[str, TraceEntry] = {}
+    batches = max(1, -(-step.max_samples // spec.batch_size))
+    report: GateReport | None = None
+    for batch in range(batches):
+        if trace:
+            entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
+            labels.update((entry.request_id, entry) for entry in entries)
+            evidence.send_batch(spec.router_url, entries)
+            records.settle(entry.request_id for entry in entries)
+        else:
+            records.wait_for(spec.batch_size, spec.user_wait_s)
+        arms = records.shadow(labels) if shadow else records.canary(*revisions, labels)
+        final = batch == batches - 1
+        proof = build_evidence(arms.stable, arms.candidate, exact_match, expected_candidate_share=share, final=final,
+                               pair_scores=grading.scores(arms) if grading is not None else None)
+        report = with_provenance(judge(gate, spec.gate_policy, proof), arms)
+        logger.info("%s batch %d/%d: %s; %s", stage, batch + 1, batches, report.outcome, arms.note())
+        if report.outcome != "inconclusive":
+            return report, final
+    assert report is not None
+    return report, True
+
+
+class PairGrading:
+    """The policy's label-free pair graders, each pair graded once however many looks read it."""
+
+    def __init__(self, spec: PromotionSpec) -> None:
+        assert spec.gate_policy.paired is not None
+        judge_at = JudgeEndpoint(spec.judge_url, spec.judge_model) if spec.judge_url else None
+        self.graders = pair_graders(spec.gate_policy.paired.graders, judge_at)
+        self.table: dict[str, dict[str, tuple[float, float]]] = {name: {} for name in self.graders}
+        self.graded: set[str] = set()
+
+    def scores(self, arms: evidence.StageArms) -> dict[str, dict[str, tuple[float, float]]]:
+        """Grade the pairs not graded before; every grade so far, by grader and request id."""
+        fresh = [r for r in arms.stable if r.request_id not in self.graded]
+        for name, table in grade_pairs(answer_pairs(fresh, arms.candidate), self.graders).items():
+            self.table[name].update(table)
+        self.graded.update(r.request_id for r in fresh)
+        return self.table
+
+
+def with_provenance(report: GateReport, arms: evidence.StageArms) -> GateReport:
+    """The report with where its evidence came from; lost evidence turns a pass into inconclusive."""
+    notes = (*report.notes, arms.note(), *(f"missing evidence: {problem}" for problem in arms.lost[:5]))
+    if arms.lost and report.outcome == "pass":
+        return report.model_copy(update={"outcome": "inconclusive", "notes": notes})
+    return report.model_copy(update={"notes": notes})
+
+
+def analyze_probes(
     spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str
 ) -> tuple[GateReport, bool]:
-    """Replay labelled traffic in batches, looking at the gates after each; stop once decided."""
+    """Without a record sink: replay labelled probes, judged on the replay's own records and the pairs file."""
     logger = get_run_logger()
     trace = read_trace(Path(spec.trace))
     share = state.weight_ppm / 1_000_000 if state.weight_ppm else None
@@ -158,7 +238,7 @@ def analyze_task(
             stable_arm += arms[0]
             candidate_arm += arms[1]
         final = batch == batches - 1
-        proof = evidence.build_evidence(stable_arm, candidate_arm, expected_candidate_share=share, final=final)
+        proof = build_evidence(stable_arm, candidate_arm, exact_match, expected_candidate_share=share, final=final)
         report = judge(gate, spec.gate_policy, proof)
         logger.info("%s batch %d/%d: %s (stable %d, candidate %d)", stage, batch + 1, batches, report.outcome,
                     len(stable_arm), len(candidate_arm))
@@ -290,7 +370,8 @@ class Promotion:
         stage = f"step{self.state.step_index:02d}"
         if isinstance(step, Analyze):
             report, at_limit = analyze_task(
-                self.spec, self.state, step, stage, stable=self.stable, candidate=self.target.fingerprint
+                self.spec, self.state, step, stage, stable=self.stable, candidate=self.target.fingerprint,
+                generation=self.owner.generation,
             )
             self.publish(report, stage)
             reason = "; ".join(f"{g.gate}: {g.reason}" for g in report.failed())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from manifests.gates import GatePolicy
 from manifests.revision import ExecutionConfig, InterfacePolicy
@@ -34,10 +34,19 @@ class PromotionSpec(BaseModel):
     router_url: str
     router_admin_url: str
     router_admin_token_file: str
-    paired_records: str = Field(description="the router's shadow paired-records file")
+    records_sink: str = Field(default="", description="the routers' record sink (a folder or s3://BUCKET/PREFIX): "
+                              "the gates read every router's records of the stage from it")
+    paired_records: str = Field(default="", description="without a record sink: the router's shadow "
+                                "paired-records file")
     router_records: str = Field(default="", description="the router's request-records file: observed demand, "
                                 "and the promoted revision's live traffic in the rollback window")
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
+    probes: bool = Field(default=True, description="replay the trace as probe traffic; off: the gates judge "
+                         "the users' traffic alone (needs a record sink)")
+    user_wait_s: float = Field(default=60.0, gt=0, description="without probes: the longest wait for a batch "
+                               "of users' requests between two looks of the gates")
+    judge_url: str = Field(default="", description="OpenAI-compatible /v1 of the judge for judge-pairwise graders")
+    judge_model: str = ""
     batch_size: int = Field(default=200, ge=10, description="requests between two looks of the gates")
     engine_venv: str = ".venv-engine"
     tracking_uri: str
@@ -48,3 +57,11 @@ class PromotionSpec(BaseModel):
     )
     approval_timeout_s: int = Field(default=3600, ge=10)
     created_by: str = "revgate promote_revision"
+
+    @model_validator(mode="after")
+    def _evidence_source(self) -> PromotionSpec:
+        if not self.probes and not self.records_sink:
+            raise ValueError("probes off needs records_sink: without probes the users' records are the evidence")
+        if not self.records_sink and not self.paired_records:
+            raise ValueError("give records_sink (or, for a router without a sink, paired_records)")
+        return self

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evaluation.evidence import build_evidence
+from evaluation.graders import exact_match
 from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry
-from flows.evidence import PairedRecordsTail, build_evidence, canary_arms, settled_pairs, shadow_arms, stage_batch
+from flows.evidence import PairedRecordsTail, canary_arms, settled_pairs, shadow_arms, stage_batch
 from flows.report import report_markdown, slice_rows
 from shadow.records import PairedRecord
 
@@ -32,6 +34,7 @@ def test_batches_are_retimed_reidentified_and_wrap_around() -> None:
     assert [e.request_id for e in batch] == ["step01-b1-t-4", "step01-b1-t-0", "step01-b1-t-1", "step01-b1-t-2"]
     assert batch[0].offset_s == 0.0  # re-timed to start now
     assert {e.reference for e in batch} == {"5", "1", "2", "3"}
+    assert all(e.slices == {"family": "add", "class": "probe"} for e in batch)  # marked as the flow's probes
 
 
 def test_canary_arms_follow_the_revision_that_served_each_request() -> None:
@@ -56,7 +59,7 @@ def test_shadow_arms_pair_the_same_prompts_and_grade_the_shadow_output() -> None
     assert (candidate[0].prompt_tokens, candidate[0].output_tokens) == (11, 3)
     assert [r.request_id for r in stable] == ["t-1"] == [r.request_id for r in candidate]  # unmirrored ones left out
     assert candidate[0].revision == CANDIDATE and candidate[0].ttft_s is not None and candidate[0].reference == "2"
-    proof = build_evidence(stable, candidate, expected_candidate_share=None, final=False)
+    proof = build_evidence(stable, candidate, exact_match, expected_candidate_share=None, final=False)
     assert proof.stable_scores == {"t-1": 1.0} and proof.candidate_scores == {"t-1": 0.0}
 
 
@@ -68,7 +71,7 @@ def test_the_report_a_release_manager_reads_names_outcome_volumes_and_gates() ->
     stable = [record(e.request_id, STABLE, e.reference or "", e.reference or "") for e in trace]
     candidate = [record(e.request_id + "c", CANDIDATE, "x", e.reference or "") for e in trace]
     policy = GatePolicy()
-    report = judge(gates_from_policy(policy), policy, build_evidence(stable, candidate,
+    report = judge(gates_from_policy(policy), policy, build_evidence(stable, candidate, exact_match,
                                                                    expected_candidate_share=None, final=True))
     text = report_markdown(report, "step03")
     assert "step03" in text and report.evidence_digest in text

@@ -1,0 +1,113 @@
+"""A stage's evidence from the record sink: every router's records, users and probes each counted once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evaluation.evidence import build_evidence
+from evaluation.gates import gates_from_policy, judge
+from evaluation.graders import exact_match
+from evaluation.records import RequestRecord
+from evaluation.traces import TraceEntry
+from flows.evidence import StageRecords
+from flows.promote import PairGrading, with_provenance
+from manifests.gates import GatePolicy
+from registry.record_store import FolderRecordStore, ObjectName, StageWindow
+from shadow.records import PairedRecord
+
+STABLE, CANDIDATE = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+def put(root: Path, kind: str, router: str, sequence: int, rows: list[str], *, dropped: int = 0) -> None:
+    name = ObjectName("demo", kind, router, 1_700_000_000_000 + sequence, "b1", sequence, dropped)
+    FolderRecordStore(root).put(name.key, "".join(row + "\n" for row in rows).encode())
+
+
+def request(rid: str, caller: str, revision: str, *, arm: str = "stable", probe: bool = False, attempt: int = 1,
+            outcome: str = "ok", generation: int = 5, output: str = "3") -> str:
+    slices = {"family": "add", **({"class": "probe"} if probe else {})}
+    return RequestRecord(request_id=rid, revision=revision, arm=arm, arrival_s=100.0 + attempt,  # type: ignore[arg-type]
+                         outcome=outcome, attempt=attempt, route="demo", generation=generation, slices=slices,  # type: ignore[arg-type]
+                         first_token_s=100.2 + attempt, last_token_s=100.5 + attempt, output_tokens=3,
+                         output_text=output, caller_request_id=caller).to_json()
+
+
+def pair(rid: str, output: str, e2e: float = 0.3) -> str:
+    return PairedRecord(request_id=rid, route="demo", generation=5, path="/v1/completions", stable_revision=STABLE,
+                        shadow_revision=CANDIDATE, stable_status=200, stable_output="3", stable_ttft_s=0.2,
+                        stable_e2e_s=0.3, shadow_status=200, shadow_output=output, shadow_ttft_s=0.2,
+                        shadow_e2e_s=e2e, shadow_output_tokens=3).to_json()
+
+
+def probe_labels(*callers: str) -> dict[str, TraceEntry]:
+    return {c: TraceEntry(request_id=c, offset_s=0.0, body={}, reference="3") for c in callers}
+
+
+def test_canary_evidence_comes_from_every_router_once_per_request_and_names_users_and_probes(tmp_path: Path) -> None:
+    put(tmp_path, "requests", "r1", 0, [request("a", "p-1", STABLE, probe=True), request("b", "u-1", CANDIDATE),
+                                       request("old", "u-0", CANDIDATE, generation=4)])
+    # The same request retried on the second attempt: only the last attempt counts.
+    put(tmp_path, "requests", "r2", 0, [request("c", "p-2", CANDIDATE, probe=True, outcome="error", output=""),
+                                       request("c", "p-2", CANDIDATE, probe=True, attempt=2, output="4")])
+    records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=False)
+    records.poll()
+    arms = records.canary(STABLE, CANDIDATE, probe_labels("p-1", "p-2"))
+    assert [r.request_id for r in arms.stable] == ["a"] and sorted(r.request_id for r in arms.candidate) == ["b", "c"]
+    assert arms.counts() == {"stable_users": 0, "stable_probes": 1, "candidate_users": 1, "candidate_probes": 1}
+    assert arms.per_router == {"r1": 2, "r2": 2} and not arms.lost
+    proof = build_evidence(arms.stable, arms.candidate, exact_match)
+    assert proof.stable_scores == {"a": 1.0} and proof.candidate_scores == {"c": 0.0}  # users carry no reference
+    records.poll()  # nothing new: nothing counted twice
+    assert len(records.canary(STABLE, CANDIDATE, {}).candidate) == 2
+    assert "1 user + 1 probe" in arms.note()
+
+
+def test_shadow_pairs_join_the_callers_records_and_feed_the_paired_gates(tmp_path: Path) -> None:
+    callers = [request(f"r{i}", f"p-{i}" if i % 2 else f"u-{i}", STABLE, probe=bool(i % 2)) for i in range(80)]
+    put(tmp_path, "requests", "r1", 0, callers)
+    put(tmp_path, "paired", "r1", 0, [pair(f"r{i}", "3", e2e=1.0) for i in range(80)])  # same answers, 3.3x slower
+    records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=True)
+    records.poll()
+    arms = records.shadow(probe_labels(*(f"p-{i}" for i in range(1, 80, 2))))
+    assert len(arms.stable) == len(arms.candidate) == 80
+    assert {r.arm for r in arms.candidate} == {"candidate"} and arms.candidate[1].reference == "3"
+    policy = GatePolicy.build(slice_keys=["family"], latency_metrics=["e2e"], min_samples_per_slice=20,
+                              max_samples_per_stage=80, look_every=20, paired={
+                                  "latency_margin": "0.8", "latency_metrics": ["e2e"], "max_pairs_per_stage": 80,
+                                  "look_every": 20, "graders": [{"name": "reference", "kind": "reference"},
+                                                                {"name": "answered", "kind": "not-empty"}]})
+    spec_like = type("Spec", (), {"gate_policy": policy, "judge_url": "", "judge_model": ""})()
+    scores = PairGrading(spec_like).scores(arms)
+    assert len(scores["answered"]) == 80  # label-free: users' prompts too
+    proof = build_evidence(arms.stable, arms.candidate, exact_match, final=True, pair_scores=scores)
+    assert len(proof.stable_scores) == 40  # reference grading where the probes' labels exist
+    report = judge(gates_from_policy(policy, paired_evidence=True), policy, proof)
+    latency = next(g for g in report.gates if g.gate == "latency-paired-e2e")
+    assert latency.outcome == "fail" and report.outcome == "fail"
+
+
+def test_lost_evidence_is_reported_and_never_a_pass(tmp_path: Path) -> None:
+    put(tmp_path, "requests", "r1", 0, [request(f"s{i}", f"u-s{i}", STABLE) for i in range(40)])
+    put(tmp_path, "requests", "r1", 2, [request(f"c{i}", f"u-c{i}", CANDIDATE) for i in range(40)], dropped=3)
+    records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=False)
+    records.poll()
+    arms = records.canary(STABLE, CANDIDATE, probe_labels(*(f"u-{arm}{i}" for arm in "sc" for i in range(40))))
+    assert any("gap" in lost for lost in arms.lost) and any("dropped" in lost for lost in arms.lost)
+    policy = GatePolicy.build(latency_metrics=[], quality_margin="0.1", error_margin="0.1",
+                              min_samples_per_slice=20, max_samples_per_stage=40, look_every=20)
+    report = judge(gates_from_policy(policy), policy, build_evidence(arms.stable, arms.candidate, exact_match))
+    assert report.outcome == "pass", [(g.gate, g.reason) for g in report.gates]  # the records alone would pass
+    shown = with_provenance(report, arms)
+    assert shown.outcome == "inconclusive" and any("missing evidence" in note for note in shown.notes)
+
+
+def test_an_unreachable_store_is_missing_evidence(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text(json.dumps({}))
+    records = StageRecords(str(blocker), "demo", StageWindow(), paired=False)
+    (tmp_path / "file").unlink()
+    (tmp_path / "file").mkdir()
+    (tmp_path / "file" / "demo").write_text("not a folder")  # listing the route's records fails
+    records.poll()
+    assert any("unavailable" in problem for problem in records.problems())
