@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "cli.models",
     "cli.worker",
     "cli.routes",
+    "cli.status",
     "cli.rollout",
     "cli.evidence",
     "cli.evaluate",
