@@ -37,7 +37,7 @@ from evaluation.graders import JudgeEndpoint, answer_pairs, exact_match, grade_p
 from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry, read_trace
 from flows import evidence, steps
-from flows.auditor import version_facts
+from flows.auditor import log_stage_plots, plot_stage, version_facts
 from flows.report import report_markdown, slice_rows
 from flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
 from flows.spec import PromotionSpec
@@ -175,6 +175,8 @@ def analyze_live(
                                pair_scores=grading.scores(arms) if grading is not None else None)
         report = with_provenance(judge(gate, spec.gate_policy, proof), arms)
         logger.info("%s batch %d/%d: %s; %s", stage, batch + 1, batches, report.outcome, arms.note())
+        if report.outcome != "inconclusive" or final:
+            plot_stage(spec, stage, proof)  # the deciding look's figures, for the evidence run
         if report.outcome != "inconclusive":
             return report, final
     assert report is not None
@@ -242,6 +244,8 @@ def analyze_probes(
         report = judge(gate, spec.gate_policy, proof)
         logger.info("%s batch %d/%d: %s (stable %d, candidate %d)", stage, batch + 1, batches, report.outcome,
                     len(stable_arm), len(candidate_arm))
+        if report.outcome != "inconclusive" or final:
+            plot_stage(spec, stage, proof)  # the deciding look's figures, for the evidence run
         if report.outcome != "inconclusive":
             return report, final
     assert report is not None
@@ -326,6 +330,7 @@ class Promotion:
         # JSON, readable markdown beside it, and the stage's figures as metrics (the auditor's view).
         self.ledger.log_gate_report(self.run, f"gate-report-{self.reports:02d}-{stage}", report, markdown,
                                     self.state.step_index)
+        log_stage_plots(self.ledger, self.run, self.spec, stage)
         create_markdown_artifact(markdown, key=f"gate-report-{self.spec.route}", description=f"gates at {stage}")
         create_table_artifact(slice_rows(report), key=f"gate-slices-{self.spec.route}", description=stage)
         self.latest_report = markdown

@@ -85,3 +85,27 @@ def test_the_readable_report_and_plots_are_checked_by_the_audit(tmp_path: Path) 
     assert edited.returncode == 4, edited.stdout + edited.stderr
     assert "mismatch evidence/gate-report-02-step01.md  expected sha256:" in edited.stdout
     assert "ok       evidence/gate-report-02-step01.json" in edited.stdout  # the JSON beside it is untouched
+
+
+def test_a_stages_figures_are_drawn_logged_and_audited(tmp_path: Path) -> None:
+    from flows.auditor import log_stage_plots, plot_stage, version_facts
+    from tests.integration.test_flow_lock import spec
+
+    promotion = spec(tmp_path, "chat").model_copy(update={"gate_policy": policy()})
+    proof = evidence(EVEN, {"add": 0.8, "rev": 0.8, "sort": 0.4}, n=600)
+    drawn = plot_stage(promotion, "step02", proof)
+    assert sorted(path.name for path in drawn) == ["step02-e2e-cdf.png", "step02-quality-per-slice.png",
+                                                   "step02-sequential-family_sort.png", "step02-ttft-cdf.png"]
+    ledger = EvidenceLedger(promotion.tracking_uri, tmp_path / "artifacts")
+    run = ledger.open_run("chat", FINGERPRINT)
+    log_stage_plots(ledger, run, promotion, "step02")
+    ledger.log_json(run, "approval", {"approve": True, "evidence_digest": "sha256:" + "e" * 64, "approver": "dana"})
+    facts = version_facts(ledger, run, promotion, "promoted")
+    assert (facts.approver, facts.signer, facts.manifest_digest) == ("dana", "key:k.pub", "sha256:" + "2" * 64)
+    ledger.close(run, "promoted")
+    result = revgate("evidence", FINGERPRINT, "--tracking-uri", promotion.tracking_uri)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok       evidence/step02-sequential-family_sort.png" in result.stdout
+    stored = Path(ledger.client.get_run(run.run_id).info.artifact_uri.removeprefix("file://")) / "evidence"
+    (stored / "step02-ttft-cdf.png").write_bytes(b"another figure")
+    assert revgate("evidence", FINGERPRINT, "--tracking-uri", promotion.tracking_uri).returncode == 4
