@@ -301,8 +301,9 @@ class Promotion:
 
     def ensure_capacity(self) -> bool:
         """The capacity rule for the traffic this state asks for; waits (paused) up to the plan's limit."""
-        shares = {self.stable: 1 - self.state.weight_ppm / PPM,
-                  self.target.fingerprint: max(self.state.weight_ppm, self.state.shadow_ppm) / PPM}
+        # Live traffic only: mirrored copies go through a bounded queue that drops (and counts) what the
+        # shadow cannot take, so they never hold up a caller; the canary's share is callers' traffic.
+        shares = {self.stable: 1 - self.state.weight_ppm / PPM, self.target.fingerprint: self.state.weight_ppm / PPM}
         deadline = time.monotonic() + self.spec.plan.capacity_wait_seconds
         first = True
         while True:
