@@ -166,11 +166,18 @@ class RecordsTail:
         return self.records
 
 
+def own_traffic(record: dict[str, object]) -> bool:
+    """Whether a router record is the rollout's own replayed probe (by the caller's id or its class label)."""
+    ids = (str(record.get("request_id", "")), str(record.get("caller_request_id", "")))
+    slices = record.get("slices")
+    return any(OWN_TRAFFIC.match(i) for i in ids) or (isinstance(slices, dict) and slices.get("class") == "probe")
+
+
 def live_arrivals(path: Path, since_s: float, tail_bytes: int = 4 << 20) -> list[float]:
     """Arrival times of live requests in the router's records since ``since_s``.
 
-    The rollout's own replayed evidence traffic (request ids ``stepNN-bN-...``) is not demand the
-    revisions must carry: it stops when the rollout does.
+    The rollout's own replayed evidence traffic (caller request ids ``stepNN-bN-...``, or the
+    ``class=probe`` label) is not demand the revisions must carry: it stops when the rollout does.
     """
     if not path.exists():
         return []
@@ -186,7 +193,7 @@ def live_arrivals(path: Path, since_s: float, tail_bytes: int = 4 << 20) -> list
             record = json.loads(line)
         except ValueError:
             continue  # a line still being written
-        if record.get("arrival_s", 0) >= since_s and not OWN_TRAFFIC.match(str(record.get("request_id", ""))):
+        if record.get("arrival_s", 0) >= since_s and not own_traffic(record):
             arrivals.append(float(record["arrival_s"]))
     return arrivals
 
