@@ -39,12 +39,13 @@ def _gate_metrics(gate: GateResult) -> dict[str, float]:
     if gate.gate in ("quality", "quality-paired"):
         found: dict[str, float] = {}
         for result in gate.slices:
+            # Two-sample slices carry an interval; paired ones their pair count and z statistics.
             found |= _pick(result.numbers, ("quality", result.slice), (*INTERVAL, "candidate_samples",
-                                                                         "stable_samples", "pairs"))
+                                                                         "stable_samples", "pairs", "z_worse"))
         return found
     if gate.gate.startswith("slo-"):
-        return _pick(gate.numbers, ("slo", gate.gate.removeprefix("slo-")), ("attainment", "lower", "upper",
-                                                                              "stable_attainment"))
+        request_class = gate.gate.removeprefix("slo-").replace("*", "all")
+        return _pick(gate.numbers, ("slo", request_class), ("attainment", "lower", "upper", "stable_attainment"))
     if gate.gate == "errors":
         rates = [key for key in gate.numbers if key.startswith(("candidate_", "stable_")) and
                  not key.endswith("_samples")]
