@@ -101,11 +101,13 @@ def worker_agent(cache: Path, token: Path) -> Iterator[str]:
 
 
 @contextmanager
-def router(routes: str, route: str, folder: Path, token: Path) -> Iterator[tuple[str, str]]:
-    """A ``revgate router`` for ``route``; yields its public and admin URLs."""
+def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = "") -> Iterator[tuple[str, str]]:
+    """A ``revgate router`` for ``route``, writing to the record sink ``sink`` if given; its public and admin URLs."""
     port, admin = free_port(), free_port()
     argv = [sys.executable, "-m", "cli.main", "router", "--routes", routes, "--route", route, "--port", str(port),
             "--admin-port", str(admin), "--admin-token-file", str(token), "--records", str(folder / "records.jsonl"),
             "--paired-records", str(folder / "paired.jsonl"), "--record-outputs", "--poll-interval", "0.5"]
+    if sink:
+        argv += ["--records-sink", sink, "--router-id", f"{route}-{port}"]
     with service(argv, f"http://127.0.0.1:{port}/health", folder / "router.log"):
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
