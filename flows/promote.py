@@ -295,9 +295,10 @@ class Promotion:
     def _raises_candidate_traffic(self, current: RouteSnapshot) -> bool:
         if self.state.status in TERMINAL:
             return False
-        routed = max(current.candidate.weight_ppm if current.candidate else 0,
-                     current.shadow.sample_ppm if current.shadow else 0)
-        return max(self.state.weight_ppm, self.state.shadow_ppm) > routed
+        # Canary weight and mirror rate each on their own: a canary after a 100% shadow is still an increase.
+        weight = current.candidate.weight_ppm if current.candidate else 0
+        sample = current.shadow.sample_ppm if current.shadow else 0
+        return self.state.weight_ppm > weight or self.state.shadow_ppm > sample
 
     def ensure_capacity(self) -> bool:
         """The capacity rule for the traffic this state asks for; waits (paused) up to the plan's limit."""

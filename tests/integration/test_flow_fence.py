@@ -162,3 +162,21 @@ def test_a_running_flow_never_undoes_an_operators_rollback(tmp_path: Path) -> No
     except RevgateError as stopped:
         assert "aborted by oncall at generation 3" in str(stopped)
     assert store.history("undone")[-1] == operator  # the operator's rollback stands
+
+
+def test_a_canary_after_a_full_shadow_is_an_increase_the_capacity_rule_checks(tmp_path: Path) -> None:
+    from flows.promote import Promotion
+    from manifests.rollout import Shadow
+    from manifests.route_change import mirror
+    from promotion.machine import StepApplied, advance, start
+
+    plan = RolloutPlan.build(steps=[Shadow(sample_ppm=1_000_000), SetWeight(weight_ppm=500_000)], lease_seconds=60)
+    spec = fenced_spec(tmp_path, "ladder", plan)
+    first = seeded(tmp_path, "ladder")
+    driver = Promotion(spec, None, None, CANDIDATE)  # type: ignore[arg-type]  # no evidence is written here
+    now = datetime.now(UTC)
+    shadowed = successor(first, by="flow", now=now, shadow=mirror(CANDIDATE, 1_000_000, now, 60))
+    driver.state = advance(plan, start(plan), StepApplied())  # on to the 50% canary
+    assert driver._raises_candidate_traffic(shadowed)  # 0% -> 50% of callers, though the mirror was at 100%
+    at_weight = successor(shadowed, by="flow", now=now, shadow=None, candidate=canary(CANDIDATE, 500_000, now, 60))
+    assert not driver._raises_candidate_traffic(at_weight)
