@@ -109,3 +109,34 @@ def test_a_stages_figures_are_drawn_logged_and_audited(tmp_path: Path) -> None:
     stored = Path(ledger.client.get_run(run.run_id).info.artifact_uri.removeprefix("file://")) / "evidence"
     (stored / "step02-ttft-cdf.png").write_bytes(b"another figure")
     assert revgate("evidence", FINGERPRINT, "--tracking-uri", promotion.tracking_uri).returncode == 4
+
+
+@pytest.mark.timeout(300)
+def test_an_auditor_follows_the_version_description_to_the_readable_report(tmp_path: Path) -> None:
+    import sys
+
+    from playwright.sync_api import expect
+
+    from flows.processes import service
+    from serving.worker.engine import free_port
+    from tests.integration.browser import browser_page
+
+    _, run_id, number = rollout_with_two_stages(tmp_path)
+    port = free_port()
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", sqlite_uri(tmp_path / "mlflow.db"),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    with service(argv, f"http://127.0.0.1:{port}/health", tmp_path / "mlflow-server.log"), browser_page() as page:
+        page.goto(f"http://127.0.0.1:{port}/#/models/chat-model/versions/{number}")
+        expect(page.get_by_text("Decision: promoted").first).to_be_visible(timeout=60_000)
+        expect(page.get_by_text("dana").first).to_be_visible(timeout=60_000)
+        with page.context.expect_page(timeout=60_000) as opened:  # MLflow opens description links in a new tab
+            page.get_by_role("link", name=f"run {run_id}").first.click(timeout=60_000)
+        run_page = opened.value
+        run_page.get_by_role("tab", name="Artifacts").click(timeout=60_000)
+        report = run_page.get_by_text("gate-report-02-step01.md")
+        folder = run_page.get_by_text("evidence", exact=True).first
+        folder.wait_for(timeout=60_000)
+        if not report.is_visible():  # a tree with several files starts with the folder closed
+            folder.click()
+        report.click(timeout=60_000)
+        expect(run_page.get_by_text("Gates at stage").first).to_be_visible(timeout=60_000)
