@@ -1,16 +1,21 @@
 """The promotion flow end to end on the embedded default: real Prefect, worker, vLLM, router, MLflow.
 
-`slice-regressed` is better on average and clearly worse on one slice: the flow must catch it on
-that slice during the shadow stage and roll back, with stable serving throughout. `improved` must
-go through shadow, approval and canary to promotion, with the MLflow alias moved to it.
+Users' traffic runs through the router from another process for the whole rollout, and the gates
+read every request from the record sink. `slice-regressed` is better on average and clearly worse
+on one slice: the flow must catch it on that slice during the shadow stage and roll back, with
+stable serving throughout. `slow` answers alike at 3.5x stable's time per token: a latency or SLO
+gate must roll it back. `improved` must go through shadow, approval and canary to promotion, with
+the MLflow alias moved to it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -34,6 +39,28 @@ def demo(zoo_dir: Path, state: Path, candidate: str, exit_code: int) -> tuple[li
     return open_route_store(str(state / "routes")).history("demo"), MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
 
 
+def last_report(client: MlflowClient, folder: Path) -> tuple[str, dict[str, Any]]:
+    """The name and content of the last gate report of the demo's evidence run."""
+    experiment = client.get_experiment_by_name("revgate/demo")
+    assert experiment is not None
+    run = client.search_runs([experiment.experiment_id])[0]
+    reports = sorted(a.path for a in client.list_artifacts(run.info.run_id, "evidence")
+                     if "gate-report" in a.path and a.path.endswith(".json"))
+    assert reports, "no gate report"
+    data: dict[str, Any] = json.loads(Path(client.download_artifacts(run.info.run_id, reports[-1], str(folder)))
+                                      .read_text())
+    return reports[-1], data
+
+
+def evidence_counts(report: dict[str, Any]) -> dict[str, int]:
+    """Requests per arm from users and from probes, as the report states them."""
+    note = next(n for n in report["notes"] if n.startswith("evidence from the record sink"))
+    found = re.search(r"stable (\d+) user \+ (\d+) probe requests, candidate (\d+) user \+ (\d+) probe", note)
+    assert found is not None, note
+    keys = ("stable_users", "stable_probes", "candidate_users", "candidate_probes")
+    return dict(zip(keys, map(int, found.groups()), strict=True))
+
+
 def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp_path: Path) -> None:
     history, client = demo(zoo_dir, tmp_path / "demo", "improved", 0)
     first, last = history[0], history[-1]
@@ -45,6 +72,22 @@ def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp
     assert run.data.tags["revgate.decision"] == "promoted"
     assert {"revgate.step.verify", "revgate.step.isolated-check"} <= set(run.data.tags)
     assert sum(key.startswith("revgate.digest.gate-report-") for key in run.data.tags) >= 2  # shadow and canary
+    _, report = last_report(client, tmp_path)
+    counts = evidence_counts(report)  # the canary's evidence: users' requests and probes, on both arms
+    assert min(counts.values()) > 0, counts
+
+
+def test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate(zoo_dir: Path, tmp_path: Path) -> None:
+    history, client = demo(zoo_dir, tmp_path / "demo", "slow", 3)
+    stable = history[0].stable.fingerprint
+    assert all(snapshot.stable.fingerprint == stable for snapshot in history)
+    assert history[-1].candidate is None and history[-1].shadow is None
+    name, report = last_report(client, tmp_path)
+    assert name.endswith(("step01.json", "step04.json")), name  # the shadow stage or the first canary step
+    failed = [gate["gate"] for gate in report["gates"] if gate["outcome"] == "fail"]
+    assert any(gate.startswith(("latency", "slo")) for gate in failed), report["gates"]
+    counts = evidence_counts(report)  # mirrored users' copies may be dropped: the slow shadow cannot take them all
+    assert counts["stable_users"] + counts["stable_probes"] == counts["candidate_users"] + counts["candidate_probes"]
 
 
 def test_a_slice_regression_is_caught_and_rolled_back(zoo_dir: Path, tmp_path: Path) -> None:
