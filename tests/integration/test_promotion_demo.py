@@ -102,9 +102,8 @@ def test_a_slice_regression_is_caught_and_rolled_back(zoo_dir: Path, tmp_path: P
     run = client.search_runs([experiment.experiment_id])[0]
     assert run.data.tags["revgate.decision"] == "rolled_back"
     assert run.data.tags["revgate.step.verify"] == "pass"
-    reports = [a.path for a in client.list_artifacts(run.info.run_id, "evidence") if "gate-report" in a.path]
-    last = json.loads(Path(client.download_artifacts(run.info.run_id, sorted(reports)[-1], str(tmp_path))).read_text())
-    quality = next(gate for gate in last["gates"] if gate["gate"] == "quality")
+    _, last = last_report(client, tmp_path)
+    quality = next(gate for gate in last["gates"] if gate["gate"] in ("quality", "quality-paired"))
     failed = [s["slice"] for s in quality["slices"] if s["outcome"] == "fail"]
     assert quality["outcome"] == "fail" and failed, quality
     assert all("sort" in name and "long" in name for name in failed), failed
