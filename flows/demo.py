@@ -120,12 +120,7 @@ def user_traffic(router_url: str, folder: Path, rate: float = USER_RATE) -> Iter
     try:
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        processes.stop(process)
 
 
 def route_stable(routes: str, target: RevisionTarget) -> None:

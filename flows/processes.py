@@ -52,12 +52,7 @@ def service(
         wait_http(health_url, timeout_s, process, log)
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop(process)
 
 
 def prefect_env(home: Path, port: int) -> dict[str, str]:
@@ -111,3 +106,13 @@ def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = ""
         argv += ["--records-sink", sink, "--router-id", f"{route}-{port}"]
     with service(argv, f"http://127.0.0.1:{port}/health", folder / "router.log"):
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Ask a child to stop, then kill it if it has not within 10 s."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
