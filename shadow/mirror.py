@@ -2,7 +2,10 @@
 
 ``offer`` never blocks and never fails the caller: when the queue is full (in copies or in bytes:
 bodies and stable answers held) the copy is dropped and counted. A fixed number of workers send
-the copies; whatever the shadow answers goes only into a paired record.
+the copies; whatever the shadow answers goes only into a paired record. A queued copy whose shadow
+the route no longer names (the rollout moved on, or rolled back) is dropped unsent and counted as
+stale: a backlog left from the shadow stage must not load the candidate while the next stage
+measures it.
 """
 
 from __future__ import annotations
@@ -56,16 +59,23 @@ class ShadowAnswer:
 
 @dataclass
 class MirrorCounters:
-    """Offered, dropped (queue full), sent and failed copies."""
+    """Offered, dropped (queue full), stale (the route stopped shadowing), sent and failed copies."""
 
     offered: int = 0
     dropped: int = 0
+    stale: int = 0
     sent: int = 0
     failed: int = 0
 
 
 Send = Callable[[MirrorJob], Awaitable[ShadowAnswer]]
 Write = Callable[[PairedRecord], None]
+Wanted = Callable[[MirrorJob], bool]
+
+
+def always(job: MirrorJob) -> bool:
+    """Every queued copy is still wanted (no route to consult)."""
+    return True
 
 
 def pair(job: MirrorJob, answer: ShadowAnswer) -> PairedRecord:
@@ -97,8 +107,8 @@ class ShadowMirror:
     """A queue bounded in copies and in bytes, drained by ``concurrency`` workers."""
 
     def __init__(self, send: Send, write: Write, *, capacity: int = 256, capacity_bytes: int = 64 * 1024 * 1024,
-                 concurrency: int = 4) -> None:
-        self._send, self._write = send, write
+                 concurrency: int = 4, wanted: Wanted = always) -> None:
+        self._send, self._write, self._wanted = send, write, wanted
         self._queue: asyncio.Queue[MirrorJob] = asyncio.Queue(maxsize=capacity)
         self.capacity_bytes = capacity_bytes
         self.held_bytes = 0  # queued and in-flight copies
@@ -140,6 +150,11 @@ class ShadowMirror:
     async def _work(self) -> None:
         while True:
             job = await self._queue.get()
+            if not self._wanted(job):
+                self.held_bytes -= job.size
+                self._queue.task_done()
+                self.counters.stale += 1
+                continue
             try:
                 answer = await self._send(job)
             except Exception as error:  # a shadow failure must never reach serving

@@ -209,6 +209,7 @@ class Router:
         self.mirror = ShadowMirror(
             self._send_shadow, self.paired.append, capacity=config.shadow_queue,
             capacity_bytes=config.shadow_queue_bytes, concurrency=config.shadow_concurrency,
+            wanted=self._still_shadowed,
         )
         self.ids = RequestIds()
         self._round_robin = 0
@@ -574,6 +575,11 @@ class Router:
         accepted = self.mirror.offer(job)
         self.metrics.count_event("shadow_mirrored" if accepted else "shadow_dropped", route)
 
+    def _still_shadowed(self, job: MirrorJob) -> bool:
+        """Whether the route served now still mirrors to the copy's shadow revision."""
+        shadow = self.route.snapshot.shadow if self.route is not None else None
+        return shadow is not None and shadow.fingerprint == job.shadow_revision
+
     async def _send_shadow(self, job: MirrorJob) -> ShadowAnswer:
         """Send one copy to the shadow revision; its answer only ever lands in a paired record."""
         target: Target = job.target
@@ -655,7 +661,8 @@ class Router:
         """Values read at scrape time: the mirror's counters, and what a leak would grow (for the soak)."""
         counters = self.mirror.counters
         route = self.config.route
-        for name, value in (("shadow_sent", counters.sent), ("shadow_failed", counters.failed)):
+        for name, value in (("shadow_sent", counters.sent), ("shadow_failed", counters.failed),
+                            ("shadow_stale", counters.stale)):
             self.metrics.events[(("event", name), ("route", route))] = value
         held: dict[str, int] = {}
         for kind, sink in self.sinks.items():

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,41 @@ def test_deadline_answers_504_and_records_a_timeout(router: RouterProcess, farm:
     assert response.status_code == 504 and response.headers["x-revgate-revision"] == fingerprint("a")
     assert [record.outcome for record in records(router, "too-slow", 1)] == ["timeout"]
     assert complete(router).status_code == 200  # the router serves on after a timeout
+
+
+def shadow_events(router: RouterProcess) -> dict[str, float]:
+    """The router's mirror counters from /metrics, by event."""
+    counts: dict[str, float] = {}
+    for line in httpx.get(f"{router.admin_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("revgate_router_shadow_"):
+            event = line.removeprefix("revgate_router_").split("_total", 1)[0]
+            counts[event] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_copies_queued_for_a_shadow_the_route_dropped_are_never_sent(
+    router: RouterProcess, farm: UpstreamFarm
+) -> None:
+    # The shadow stage ends while the mirror still holds a backlog: those copies must not load the
+    # revision the next stage measures (it is the canary's candidate, or nothing after a rollback).
+    router.commit(stable_a(farm), shadow=[farm["s1"]], sample_ppm=1_000_000)
+    before = shadow_events(router)
+    farm["s1"].seen.clear()
+    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 2, "user": "delay-ms:150"}
+    with httpx.Client(timeout=10) as client, ThreadPoolExecutor(max_workers=40) as pool:
+        answers = list(pool.map(lambda n: client.post(f"{router.url}/v1/completions", json=body,
+                                                      headers={"x-request-id": f"backlog-{n}"}), range(40)))
+    assert all(answer.status_code == 200 for answer in answers)
+    router.commit(stable_a(farm))  # the shadow stage is over: no shadow on the route
+    mirrored = shadow_events(router).get("shadow_mirrored", 0) - before.get("shadow_mirrored", 0)
+
+    def settled() -> bool:
+        now = shadow_events(router)
+        done = sum(now.get(name, 0) - before.get(name, 0) for name in ("shadow_sent", "shadow_stale"))
+        return done >= mirrored
+
+    wait_until(settled, timeout=20)
+    stale = shadow_events(router).get("shadow_stale", 0) - before.get("shadow_stale", 0)
+    # Four mirror workers at 0.3 s a copy: most of the 40 were still queued when the route changed.
+    assert mirrored == 40 and stale >= 20, (mirrored, stale)
+    assert len(farm["s1"].seen) <= 40 - stale
