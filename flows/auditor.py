@@ -37,8 +37,8 @@ def approver_of(spec: PromotionSpec, approval: dict[str, object] | None) -> str:
     """The person the stored answer names, or how the rollout was approved without one."""
     if approval is not None:
         for key in ("approver", "by", "name"):
-            if approval.get(key):
-                return str(approval[key])
+            if str(approval.get(key) or "").strip():
+                return str(approval[key]).strip()
         return "release manager (unnamed)"
     return "automatic (spec.approval = auto)" if spec.approval == "auto" else "no approval step"
 

@@ -27,8 +27,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
-from prefect.flow_runs import pause_flow_run
-from prefect.input import RunInput
 from prefect.runtime import flow_run
 
 from evaluation.evidence import build_evidence
@@ -36,7 +34,7 @@ from evaluation.gates import gates_from_policy, judge
 from evaluation.graders import JudgeEndpoint, answer_pairs, exact_match, grade_pairs, pair_graders
 from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry, read_trace
-from flows import evidence, steps
+from flows import approval, evidence, steps
 from flows.auditor import log_stage_plots, plot_stage, version_facts
 from flows.report import report_markdown, slice_rows
 from flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
@@ -70,14 +68,6 @@ log = logging.getLogger(__name__)
 
 class RolloutInProgress(RevgateError):
     """Another rollout holds the route's lock: one rollout per route at a time."""
-
-
-class Approval(RunInput):
-    """The release manager's answer; ``evidence_digest`` binds it to the report shown above the form."""
-
-    approve: bool
-    evidence_digest: str
-    comment: str = ""
 
 
 def lock_name(route: str) -> str:
@@ -339,28 +329,14 @@ class Promotion:
         return markdown
 
     def ask_approval(self, step: Approve, markdown: str) -> ApprovalGiven:
-        """Pause for a release manager (or approve automatically where the spec says so)."""
+        """Pause for a release manager on the plan's allow-list (flows.approval), or approve automatically
+        where the spec says so."""
         if self.spec.approval == "auto":
             get_run_logger().warning("approval given automatically (spec.approval == 'auto')")
             return ApprovalGiven(True, self.state.evidence_digest, by="auto")
-        shown = self.state.evidence_digest
-        prompt = f"## {step.prompt}\n\n{markdown}"
-        refused = 0
-        while True:
-            form = Approval.with_initial_data(description=prompt, evidence_digest=shown, approve=False)
-            answer = pause_flow_run(wait_for_input=form, timeout=self.spec.approval_timeout_s, poll_interval=2)
-            if answer is None:
-                return ApprovalGiven(False, shown, by="timeout")
-            if not answer.approve or answer.evidence_digest == shown:
-                self.ledger.log_json(self.run, "approval", answer.model_dump(mode="json"))
-                return ApprovalGiven(answer.approve, answer.evidence_digest, by="release manager")
-            # An approval of other evidence (an edited digest, a stale tab) approves nothing: ask again.
-            refused += 1
-            self.ledger.log_json(self.run, f"approval-of-other-evidence-{refused}", answer.model_dump(mode="json"))
-            get_run_logger().warning("approval named evidence %s, not the evidence shown: asking again",
-                                     answer.evidence_digest)
-            prompt = (f"## The last answer approved evidence {answer.evidence_digest}, not this evidence."
-                      f" Answer again.\n\n## {step.prompt}\n\n{markdown}")
+        return approval.ask(self.ledger, self.run, question=step.prompt, markdown=markdown,
+                            shown=self.state.evidence_digest, approvers=self.spec.plan.approvers,
+                            timeout_s=self.spec.approval_timeout_s)
 
     def decide_paused(self) -> RolloutState:
         """Inconclusive at the stage's limit: a human may proceed; automatic mode never does."""

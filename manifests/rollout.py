@@ -87,6 +87,10 @@ class RolloutPlan(Document):
     # A failed capacity check pauses the rollout this long (re-checking) before it is rolled back.
     capacity_wait_seconds: Annotated[int, Field(ge=0)] = 300
     on_inconclusive: Literal["pause", "fail"] = "pause"
+    # Who may answer an approve step (names or e-mails, compared trimmed and case-insensitively).
+    # Empty: anyone who can reach the approval form may answer. An answer from anyone else, approval
+    # or rejection, decides nothing: it is kept in the evidence and the form is asked again.
+    approvers: tuple[str, ...] = ()
 
     @property
     def renew_every_s(self) -> float:
@@ -99,6 +103,15 @@ class RolloutPlan(Document):
             raise ValueError("lease_renew_seconds must be at most half of lease_seconds, so one missed renewal "
                              "does not drop the candidate")
         return self
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers_named(cls, approvers: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not name.strip() or name != name.strip() for name in approvers):
+            raise ValueError("approvers must be non-empty names without surrounding spaces")
+        if len({name.casefold() for name in approvers}) != len(approvers):
+            raise ValueError("approvers must not repeat a name (names are compared case-insensitively)")
+        return approvers
 
     @field_validator("steps")
     @classmethod

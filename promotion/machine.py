@@ -27,6 +27,7 @@ class RolloutState:
     shadow_ppm: int = 0
     reason: str = ""
     evidence_digest: str = ""
+    approved_by: str = ""  # who gave the latest approval the rollout went on with
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,10 @@ class GateDecided:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalGiven:
-    """A release manager answered; the approval is valid only for the evidence it was shown."""
+    """A release manager answered; the approval is valid only for the evidence it was shown.
+
+    ``by`` names who answered (a person, or ``auto`` / ``timeout``); see ``promotion.approval.decide``.
+    """
 
     approved: bool
     evidence_digest: str
@@ -135,7 +139,7 @@ def _after_approval(plan: RolloutPlan, state: RolloutState, event: ApprovalGiven
             f"approval was given for evidence {event.evidence_digest}, "
             f"but the current evidence is {state.evidence_digest}"
         )
-    return _next(plan, state)
+    return _next(plan, replace(state, approved_by=event.by))
 
 
 def _rolled_back(state: RolloutState, reason: str) -> RolloutState:

@@ -120,6 +120,8 @@ def render(runs: Sequence[RunEvidence], aliases: Mapping[str, str]) -> str:
         lines.append("  steps: " + (", ".join(f"{step}={outcome}" for step, outcome in run.steps) or "none recorded"))
         if run.approval is not None:
             answer = "approved" if run.approval.get("approve") else "rejected"
+            if who := str(run.approval.get("approver") or "").strip():
+                answer += f" by {who}"
             comment = run.approval.get("comment") or ""
             lines.append(f"  approval: {answer} for {run.approval.get('evidence_digest', '?')} {comment!r}".rstrip())
             bound = f"the evidence of {run.approved_report}" if run.approved_report else "NO gate report of this run"
