@@ -34,20 +34,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help=f"a router's admin URL to tell at once (repeatable; also ${ROUTERS_ENV})")
     parser.add_argument("--admin-token-file", type=Path, help="file holding the routers' admin bearer token")
     parser.set_defaults(func=run_rollback)
-    promote = subparsers.add_parser("promote", help="run the promote_revision Prefect flow for a promotion spec")
-    promote.add_argument("spec", type=Path, help="promotion spec (JSON, the flow's parameters)")
-    promote.set_defaults(func=run_promote)
-
-
-def run_promote(args: argparse.Namespace) -> int:
-    """Run the flow against the Prefect API in PREFECT_API_URL; exit 0 when promoted, 3 when rolled back."""
-    from flows.promote import promote_revision
-    from flows.spec import PromotionSpec
-
-    spec = PromotionSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
-    decision = promote_revision(spec)
-    print(f"decision: {decision}")
-    return 0 if decision == "promoted" else 3
 
 
 def run_rollback(args: argparse.Namespace) -> int:

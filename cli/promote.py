@@ -1,0 +1,114 @@
+"""revgate command-line: ``promote`` (a run of the promote-revision Prefect deployment, or a spec file run
+here) and ``deploy`` (the work pool and the deployments of prefect.yaml)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flows.submit import RunEnd
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``promote`` and ``deploy``."""
+    promote = subparsers.add_parser(
+        "promote", help="roll a candidate out on a route: a run of the promote-revision Prefect deployment")
+    promote.add_argument("target", metavar="ROUTE|SPEC.json",
+                         help="the route (site configuration name); or a promotion spec file, run in this process")
+    promote.add_argument("candidate", nargs="?", default="",
+                         help="manifest digest (sha256:...) or a candidate name from the route's site configuration")
+    promote.add_argument("--policy", default="", help="gate policy by name (default: the route's)")
+    promote.add_argument("--plan", default="", help="rollout plan by name (default: the route's)")
+    promote.add_argument("--approval", choices=("ui", "auto"), default="ui",
+                         help="ui: a release manager approves in the Prefect UI (default); auto: no person")
+    promote.add_argument("--requested-by", default="", help="who asks (audit trail; default: the OS user)")
+    promote.add_argument("--local", action="store_true",
+                         help="run the flow in this process instead of on a worker (reads the site configuration)")
+    promote.add_argument("--site", default="",
+                         help="site configuration for --local (default: $REVGATE_SITE, else ./revgate-site.json)")
+    promote.add_argument("--no-follow", action="store_true", help="print the submitted run and return at once")
+    promote.set_defaults(func=run_promote)
+    deploy = subparsers.add_parser("deploy", help="create the revgate work pool and the deployments of prefect.yaml")
+    deploy.add_argument("--project", type=Path, default=Path(), help="folder holding prefect.yaml (default: .)")
+    deploy.set_defaults(func=run_deploy)
+
+
+# Exit codes of `revgate promote`.
+PROMOTED, NOT_PROMOTED, REFUSED, RUN_FAILED = 0, 3, 4, 5
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    """A spec file runs here; a route and candidate become a deployment run (or a local one with --local)."""
+    if args.target.endswith(".json") and not args.candidate:
+        return run_spec(Path(args.target))
+    if not args.candidate:
+        print("revgate promote: give ROUTE CANDIDATE, or a promotion spec file SPEC.json", file=sys.stderr)
+        return 2
+    parameters = {"route": args.target, "candidate": args.candidate, "policy": args.policy, "plan": args.plan,
+                  "approval": args.approval, "requested_by": args.requested_by or getpass.getuser()}
+    if args.local:
+        return run_local(parameters, args.site)
+    return run_deployment(parameters, follow=not args.no_follow)
+
+
+def run_spec(path: Path) -> int:
+    """Run the flow for a whole spec against the Prefect API in PREFECT_API_URL; 0 when promoted, 3 otherwise."""
+    from flows.promote import promote_revision
+    from flows.spec import PromotionSpec
+
+    spec = PromotionSpec.model_validate_json(path.read_text(encoding="utf-8"))
+    decision = promote_revision(spec)
+    print(f"decision: {decision}")
+    return PROMOTED if decision == "promoted" else NOT_PROMOTED
+
+
+def run_deployment(parameters: dict[str, str], *, follow: bool) -> int:
+    """Submit the run through the Prefect API and follow it to its end, printing each state change."""
+    from flows.submit import PROMOTE, follow_run, run_url, submit
+
+    run = submit(PROMOTE, parameters)
+    print(f"flow run {run.name} ({run.id}) submitted to {PROMOTE}: {run_url(str(run.id))}", flush=True)
+    if not follow:
+        return 0
+    return finish(follow_run(run.id, lambda line: print(f"  {line}", flush=True)))
+
+
+def run_local(parameters: dict[str, str], site: str) -> int:
+    """Run the deployment's flow in this process (still reporting to the Prefect API)."""
+    from flows.deployment import promote
+    from flows.site import SITE_ENV
+    from flows.submit import state_end
+
+    if site:
+        os.environ[SITE_ENV] = site
+    state = promote(**parameters, return_state=True)  # type: ignore[call-overload]
+    return finish(state_end(str(state.state_details.flow_run_id), state))
+
+
+def finish(end: RunEnd) -> int:
+    """Print how the run ended; the exit code."""
+    if end.refused:
+        print(f"refused: {end.message.removeprefix('refused: ')}")
+        return REFUSED
+    if end.decision:
+        print(f"decision: {end.decision}")
+        return PROMOTED if end.decision == "promoted" else NOT_PROMOTED
+    print(f"the run ended {end.state_name} without a decision: {end.message}")
+    return RUN_FAILED
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    """Create the work pool if missing and apply prefect.yaml's deployments."""
+    from flows.submit import PROMOTE, ROLLBACK, WORK_POOL, deploy, ensure_work_pool
+
+    created = ensure_work_pool()
+    print(f"work pool {WORK_POOL}: {'created' if created else 'exists'} (process)")
+    deploy(args.project.resolve())
+    print(f"deployments {PROMOTE} and {ROLLBACK} applied from {args.project.resolve() / 'prefect.yaml'}")
+    print(f"start a worker on each rollout host: prefect worker start --pool {WORK_POOL}")
+    return 0

@@ -1,0 +1,125 @@
+"""The flows behind the ``promote-revision`` and ``rollback-route`` deployments (prefect.yaml).
+
+Their parameters are what a person chooses on the Prefect UI's Run form: a route, a candidate, a
+gate policy and a plan by name, the approval mode. The site configuration (``flows.site``) on the
+worker's host supplies everything else. ``promote`` runs the same rollout as ``promote_revision``,
+in this flow run, so the approval form and the evidence run's Prefect link are this run's.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import State
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed
+
+from flows.promote import RolloutInProgress, promote_revision
+from flows.site import RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
+from flows.spec import PromotionSpec
+from manifests.errors import RevgateError
+from registry.errors import ObjectMissing
+from registry.route_store import open_route_store
+from registry.store import open_store
+from rollback.plan import rollback_snapshot
+
+DECISION = "decision: "  # a finished promotion's state message: "decision: promoted"
+REFUSED = "refused: "  # a promotion refused before it started: another rollout holds the route
+
+
+class CandidateMissing(RevgateError):
+    """The candidate's manifest is not in the route's artifact store."""
+
+
+def requester(requested_by: str) -> str:
+    """Who the audit trail names: the person given, else the flow run (the server does not know who clicked)."""
+    return requested_by.strip() or f"prefect flow run {flow_run.get_name() or getpass.getuser()}"
+
+
+def check_candidate(spec: PromotionSpec) -> None:
+    """The candidate's manifest must be in the artifact store, before the route is locked or evidence opened."""
+    try:
+        open_store(spec.artifact_store).get_manifest(spec.candidate_manifest)
+    except ObjectMissing:
+        raise CandidateMissing(
+            f"candidate {spec.candidate_manifest} is not in the artifact store", where=spec.artifact_store,
+            fix="Push the artifact (revgate push) or check the digest and the route's artifact_store.",
+        ) from None
+
+
+@flow(name="promote", log_prints=True)
+def promote(  # noqa: PLR0917 - the Run form's fields, passed by name
+    route: str, candidate: str, policy: str = "", plan: str = "", approval: Literal["ui", "auto"] = "ui",
+    requested_by: str = "",
+) -> State[str]:
+    """Roll a candidate out on a route with a gate policy and a plan named in the site configuration.
+
+    The decision (promoted, rolled_back, failed) is the final state's message.
+
+    Args:
+        route: The route to roll the candidate out on, as the site configuration names it.
+        candidate: The candidate: its pinned artifact manifest digest (sha256:...) or a candidate name
+            listed under the route's candidates in the site configuration.
+        policy: Gate policy by name (the site configuration's policies); empty: the route's default.
+        plan: Rollout plan by name (the site configuration's plans); empty: the route's default.
+        approval: 'ui': pause for a release manager's approval in the Prefect UI; 'auto': approve without
+            a person (demos and tests only).
+        requested_by: Who asks for this rollout, for the audit trail.
+    """
+    logger = get_run_logger()
+    spec = promotion_spec(load_site(site_path()), route, candidate, policy=policy, plan=plan, approval=approval,
+                          created_by=requester(requested_by))
+    logger.info("route %s: candidate %s %s, policy %s, plan %s, approval %s", route, spec.candidate_manifest,
+                spec.candidate_name, policy or "(route default)", plan or "(route default)", approval)
+    check_candidate(spec)
+    try:
+        decision = promote_revision.fn(spec)
+    except RolloutInProgress as refused:
+        logger.error("%s", refused)
+        return Failed(message=f"{REFUSED}{refused}")
+    logger.info("decision: %s", decision)
+    return Completed(message=f"{DECISION}{decision}", data=decision)
+
+
+@flow(name="rollback", log_prints=True)
+def rollback(route: str, requested_by: str = "") -> str:
+    """Return a route to its last known good revision and tell its router; a canary or shadow is removed first.
+
+    Args:
+        route: The route to roll back, as the site configuration names it.
+        requested_by: Who rolls back, for the audit trail.
+    """
+    logger = get_run_logger()
+    site = load_site(site_path())
+    if route not in site.routes:
+        raise SiteConfigInvalid(f"no route named {route!r}", where="site configuration: routes",
+                                fix=f"Name one the site configuration has: {', '.join(sorted(site.routes))}.")
+    settings = site.routes[route]
+    store = open_route_store(settings.route_store)
+    planned = rollback_snapshot(store.history(route), by=f"{requester(requested_by)} (rollback)", now=datetime.now(UTC))
+    store.write(planned)
+    told = notify_router(settings)
+    summary = f"route {route}: generation {planned.generation}, stable {planned.stable.short}; router {told}"
+    logger.info("%s", summary)
+    return summary
+
+
+def notify_router(settings: RouteSite, timeout_s: float = 5.0) -> str:
+    """Ask the route's router to re-read the route now; a router not told picks it up at its next poll."""
+    token = Path(settings.router_admin_token_file).read_text(encoding="utf-8").strip()
+    request = urllib.request.Request(  # noqa: S310 - the router's admin port
+        f"{settings.router_admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            answer = json.loads(response.read())
+    except (OSError, ValueError) as error:
+        return f"not told ({error}); it picks the rollback up at its next poll of the store"
+    return f"serving generation {answer.get('generation')}"

@@ -1,0 +1,134 @@
+"""Asking the Prefect API for a deployment's run, as the UI's Run button does, and following it to its end.
+
+Also the one-time setup of a site: the ``revgate`` process work pool and the deployments of prefect.yaml.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import FlowRun, State
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+from flows.deployment import DECISION, REFUSED
+from manifests.errors import RevgateError
+
+WORK_POOL = "revgate"
+PROMOTE = "promote/promote-revision"  # flow name / deployment name, as prefect.yaml declares them
+ROLLBACK = "rollback/rollback-route"
+
+
+class DeploymentMissing(RevgateError):
+    """The Prefect API has no such deployment (or cannot be reached)."""
+
+
+class DeployFailed(RevgateError):
+    """Applying prefect.yaml failed."""
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a flow run ended: its state and the state's message."""
+
+    flow_run_id: str
+    state_type: str  # COMPLETED, FAILED, CRASHED, CANCELLED
+    state_name: str
+    message: str
+
+    @property
+    def decision(self) -> str:
+        """The promotion's decision (promoted, rolled_back, failed); empty when the run ended without one."""
+        return self.message.removeprefix(DECISION) if self.message.startswith(DECISION) else ""
+
+    @property
+    def refused(self) -> bool:
+        """Refused before it started: another rollout holds the route."""
+        return self.message.startswith(REFUSED)
+
+
+def run_url(flow_run_id: str) -> str:
+    """The flow run's page in the Prefect UI (where a paused run's approval form is)."""
+    ui = PREFECT_UI_URL.value() or str(PREFECT_API_URL.value() or "").removesuffix("/api")
+    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}"
+
+
+def state_end(flow_run_id: str, state: State[Any]) -> RunEnd:
+    """A final state as a RunEnd."""
+    return RunEnd(flow_run_id, state.type.value, state.name or state.type.value, state.message or "")
+
+
+def submit(deployment: str, parameters: dict[str, Any]) -> FlowRun:
+    """Create a run of ``deployment`` with these parameters; a worker of its pool picks it up."""
+    with get_client(sync_client=True) as client:
+        try:
+            found = client.read_deployment_by_name(deployment)
+        except ObjectNotFound:
+            raise DeploymentMissing(
+                f"no deployment {deployment!r}", where=str(PREFECT_API_URL.value()),
+                fix="Create the work pool and deployments with `revgate deploy` (docs/operations.md).",
+            ) from None
+        return client.create_flow_run_from_deployment(found.id, parameters=parameters)
+
+
+def describe(run: FlowRun) -> str:
+    """One line for a state change."""
+    state = run.state
+    if state is None:
+        return "no state yet"
+    line = f"{state.name}" + (f": {state.message}" if state.message else "")
+    if state.is_paused():
+        line += f"\n  waiting for a release manager: approve or reject at {run_url(str(run.id))}"
+    return line
+
+
+def follow_run(flow_run_id: UUID, report: Callable[[str], None], *, poll_s: float = 1.0,
+           timeout_s: float | None = None) -> RunEnd:
+    """Report each state change of the run until it ends; how it ended."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    seen = ""
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            line = describe(run)
+            if line != seen:
+                report(line)
+                seen = line
+            if run.state is not None and run.state.is_final():
+                return state_end(str(flow_run_id), run.state)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"flow run {flow_run_id} did not end within {timeout_s} s")
+            time.sleep(poll_s)
+
+
+def ensure_work_pool(name: str = WORK_POOL) -> bool:
+    """Create the process work pool if it is missing; whether it was created."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+            return True
+    return False
+
+
+def deploy(project: Path) -> str:
+    """Apply every deployment of ``project``/prefect.yaml (``prefect --no-prompt deploy --all``); its output."""
+    if not (project / "prefect.yaml").is_file():
+        raise DeployFailed("no prefect.yaml", where=str(project),
+                           fix="Run from the revgate checkout, or give --project with the folder that holds it.")
+    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=project,
+                            capture_output=True, text=True, check=False, timeout=300)
+    if result.returncode != 0:
+        raise DeployFailed(f"prefect deploy exited with {result.returncode}", where=str(project / "prefect.yaml"),
+                           fix="Its output:\n" + (result.stdout + result.stderr)[-3000:])
+    return result.stdout

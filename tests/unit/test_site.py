@@ -1,0 +1,110 @@
+"""The site configuration turns a person's names (route, candidate, policy, plan) into a full promotion spec."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.site import ROUTE_ONLY, RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
+from flows.spec import PromotionSpec
+from manifests.gates import GatePolicy
+from manifests.rollout import Bake, RolloutPlan, SetWeight
+
+DIGEST = "sha256:" + "a" * 64
+OTHER = "sha256:" + "b" * 64
+
+
+def route_settings(**changes: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "artifact_store": "/srv/artifacts", "route_store": "s3://routes/prod",
+        "signature": {"kind": "key", "public_key": "/etc/revgate/publisher.pub"},
+        "worker_url": "http://gpu-1:9000", "worker_token_file": "/etc/revgate/worker.token",
+        "router_url": "http://router:8080", "router_admin_url": "http://router:8081",
+        "router_admin_token_file": "/etc/revgate/router.token", "records_sink": "s3://records/prod",
+        "trace": "/srv/traces/chat.jsonl", "tracking_uri": "http://mlflow:5000", "evidence_root": "/srv/evidence",
+        "policy": "strict", "plan": "ladder", "candidates": {"improved": DIGEST},
+    }
+    return {**settings, **changes}
+
+
+def site_json(**route_changes: Any) -> dict[str, Any]:
+    strict = GatePolicy.build(slice_keys=["family"], max_samples_per_stage=300, look_every=50, quality_margin="0.05")
+    ladder = RolloutPlan.build(steps=[SetWeight(weight_ppm=50_000), Bake(seconds=60)])
+    quick = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)])
+    return {
+        "routes": {"chat": route_settings(**route_changes)},
+        "policies": {"strict": strict.model_dump(mode="json"), "lenient": GatePolicy().model_dump(mode="json")},
+        "plans": {"ladder": ladder.model_dump(mode="json"), "quick": quick.model_dump(mode="json")},
+    }
+
+
+def write_site(tmp_path: Path, document: dict[str, Any]) -> Path:
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return path
+
+
+def test_route_settings_are_promotion_spec_fields() -> None:
+    assert set(RouteSite.model_fields) - ROUTE_ONLY <= set(PromotionSpec.model_fields)
+
+
+def test_names_become_the_spec_with_the_route_defaults(tmp_path: Path) -> None:
+    site = load_site(write_site(tmp_path, site_json()))
+    spec = promotion_spec(site, "chat", "improved", approval="auto", created_by="ana")
+    assert spec.candidate_manifest == DIGEST and spec.candidate_name == "improved"
+    assert spec.gate_policy == site.policies["strict"] and spec.plan == site.plans["ladder"]
+    assert spec.route == "chat" and spec.approval == "auto" and spec.created_by == "ana"
+    assert spec.worker_url == "http://gpu-1:9000" and spec.records_sink == "s3://records/prod"
+
+
+def test_a_named_policy_and_plan_and_a_digest_candidate(tmp_path: Path) -> None:
+    site = load_site(write_site(tmp_path, site_json()))
+    spec = promotion_spec(site, "chat", OTHER, policy="lenient", plan="quick")
+    assert spec.candidate_manifest == OTHER and spec.candidate_name == ""
+    assert spec.gate_policy == GatePolicy() and spec.plan == site.plans["quick"]
+    assert promotion_spec(site, "chat", DIGEST).candidate_name == "improved"  # a listed digest keeps its name
+
+
+@pytest.mark.parametrize(("choice", "named"), [
+    ({"route": "mail"}, "no route named 'mail'"),
+    ({"candidate": "unknown"}, "no candidate named 'unknown'"),
+    ({"policy": "loose"}, "no gate policy named 'loose'"),
+    ({"plan": "slow"}, "no rollout plan named 'slow'"),
+])
+def test_an_unknown_name_is_refused_with_the_names_known(tmp_path: Path, choice: dict[str, str], named: str) -> None:
+    site = load_site(write_site(tmp_path, site_json()))
+    chosen = {"route": "chat", "candidate": "improved", "policy": "", "plan": "", **choice}
+    with pytest.raises(SiteConfigInvalid) as refused:
+        promotion_spec(site, chosen["route"], chosen["candidate"], policy=chosen["policy"], plan=chosen["plan"])
+    assert named in str(refused.value)
+    assert "Name one the site configuration has:" in str(refused.value)
+
+
+def test_a_route_default_that_names_nothing_is_refused_at_load(tmp_path: Path) -> None:
+    with pytest.raises(SiteConfigInvalid) as refused:
+        load_site(write_site(tmp_path, site_json(plan="missing")))
+    assert "names plan 'missing'" in str(refused.value) and "site.json" in str(refused.value)
+
+
+def test_a_bad_field_and_a_missing_file_are_named(tmp_path: Path) -> None:
+    with pytest.raises(SiteConfigInvalid) as bad:
+        load_site(write_site(tmp_path, site_json(worker_urls=["http://a"])))
+    assert "routes.chat.worker_urls" in str(bad.value)
+    with pytest.raises(SiteConfigInvalid) as missing:
+        load_site(tmp_path / "absent.json")
+    assert "absent.json" in str(missing.value) and "REVGATE_SITE" in str(missing.value)
+    with pytest.raises(SiteConfigInvalid):
+        load_site(write_site(tmp_path, site_json(candidates={"improved": "latest"})))
+
+
+def test_the_site_file_comes_from_the_argument_the_environment_or_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REVGATE_SITE", raising=False)
+    assert site_path() == Path("revgate-site.json")
+    monkeypatch.setenv("REVGATE_SITE", "/etc/revgate/site.json")
+    assert site_path() == Path("/etc/revgate/site.json")
+    assert site_path("other.json") == Path("other.json")
