@@ -1,10 +1,11 @@
 """Approval by a release manager: the flow pauses, shows the evidence, and continues only with the
-answer given, bound to the evidence digest. Once through the API the UI's Resume form posts to, once
-by pressing the buttons of the Prefect UI itself in a headless Chromium."""
+answer given, bound to the evidence digest and naming who gave it. Once through the API the UI's
+Resume form posts to, once by pressing the buttons of the Prefect UI itself in a headless Chromium."""
 
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -68,10 +69,12 @@ def through_the_ui(ui_url: str, approve: bool, comment: str) -> Manager:
             # The gate report is rendered above the form, and the digest it is bound to is filled in.
             expect(form.get_by_role("cell", name="quality-sliced")).to_be_visible(timeout=30_000)
             seen["report_shown"] = form.get_by_role("cell", name="PASS").is_visible()
-            seen["digest_shown"] = form.locator("textarea").first.input_value()
+            # The fields in the form's order: approver, approve, evidence digest, comment.
+            form.locator("textarea").nth(0).fill("rm@example.com")
+            seen["digest_shown"] = form.locator("textarea").nth(1).input_value()
             if approve:
                 form.get_by_role("switch").click()
-            form.locator("textarea").nth(1).fill(comment)
+            form.locator("textarea").nth(2).fill(comment)
             form.get_by_role("button", name="Submit").click()
             expect(form).to_be_hidden(timeout=30_000)
             seen["answered"] = True
@@ -79,8 +82,24 @@ def through_the_ui(ui_url: str, approve: bool, comment: str) -> Manager:
     return manager
 
 
-def approval_round(prefect_api: str, tmp_path: Path, manager: Manager) -> tuple[tuple[bool, str], dict[str, Any], Path]:
-    """Run a flow that asks for approval while ``manager`` answers; the answer and the ledger's copy."""
+def form_description(run_id: Any) -> str:
+    """The markdown the paused run's Resume form shows above its fields."""
+    from prefect.client.orchestration import get_client
+    from prefect.input.actions import read_flow_run_input
+    from prefect.input.run_input import keyset_from_paused_state
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run_id).state
+    assert state is not None
+    return str(read_flow_run_input(keyset_from_paused_state(state)["description"], flow_run_id=run_id))
+
+
+Round = tuple[tuple[bool, str, str], dict[str, Any], Path]
+
+
+def approval_round(prefect_api: str, tmp_path: Path, manager: Manager, approvers: tuple[str, ...] = ()) -> Round:
+    """Run a flow that asks for approval while ``manager`` answers; the answer (approved, evidence, by) and
+    the ledger's copy. ``approvers``: the rollout plan's allow-list."""
     from prefect import flow
     from prefect.runtime import flow_run
 
@@ -95,13 +114,14 @@ def approval_round(prefect_api: str, tmp_path: Path, manager: Manager) -> tuple[
     run_id: list[Any] = []
 
     @flow(name="approval-probe")
-    def probe() -> tuple[bool, str]:
+    def probe() -> tuple[bool, str, str]:
         run_id.append(flow_run.id)
         gated = spec(tmp_path, "gated").model_copy(update={"approval": "ui", "approval_timeout_s": 150})
+        gated = gated.model_copy(update={"plan": gated.plan.model_copy(update={"approvers": approvers})})
         promotion = Promotion(gated, ledger, run, candidate)
         promotion.state = promotion.state.__class__(evidence_digest=EVIDENCE)
         answer = promotion.ask_approval(Approve(), REPORT)
-        return answer.approved, answer.evidence_digest
+        return answer.approved, answer.evidence_digest, answer.by
 
     seen: dict[str, Any] = {}
 
@@ -120,10 +140,11 @@ def approval_round(prefect_api: str, tmp_path: Path, manager: Manager) -> tuple[
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("approve", [True, False])
 def test_the_flow_waits_for_the_release_managers_answer(prefect_api: str, tmp_path: Path, approve: bool) -> None:
-    answer = {"approve": approve, "evidence_digest": EVIDENCE, "comment": "looked at the slices"}
+    answer = {"approver": "rm@example.com", "approve": approve, "evidence_digest": EVIDENCE,
+              "comment": "looked at the slices"}
     result, seen, logged = approval_round(prefect_api, tmp_path, through_the_api(answer))
     assert seen.get("answered") is True
-    assert result == (approve, EVIDENCE)
+    assert result == (approve, EVIDENCE, "rm@example.com")
     assert "looked at the slices" in logged.read_text()
 
 
@@ -140,8 +161,8 @@ def answers_in_turn(run_id: list[Any], answers: list[dict[str, Any]], seen: dict
 def test_an_approval_of_other_evidence_approves_nothing_and_the_flow_asks_again(
     prefect_api: str, tmp_path: Path
 ) -> None:
-    stale = {"approve": True, "evidence_digest": "sha256:" + "d" * 64, "comment": "from an old tab"}
-    right = {"approve": True, "evidence_digest": EVIDENCE, "comment": "this report"}
+    stale = {"approver": "rm", "approve": True, "evidence_digest": "sha256:" + "d" * 64, "comment": "from an old tab"}
+    right = {"approver": "rm", "approve": True, "evidence_digest": EVIDENCE, "comment": "this report"}
     run_id: list[Any] = []
 
     def manager(first_run: Any, seen: dict[str, Any]) -> None:
@@ -150,10 +171,45 @@ def test_an_approval_of_other_evidence_approves_nothing_and_the_flow_asks_again(
 
     result, seen, logged = approval_round(prefect_api, tmp_path, manager)
     assert seen == {"answered 0": True, "answered 1": True}
-    assert result == (True, EVIDENCE)
+    assert result == (True, EVIDENCE, "rm")
     assert "this report" in logged.read_text()  # the answer that counted
     refused = logged.parent / "approval-of-other-evidence-1.json"  # and, beside it, the one that did not
     assert "from an old tab" in refused.read_text()
+
+
+@pytest.mark.timeout(300)
+def test_an_answer_from_someone_not_on_the_allow_list_counts_for_nothing_and_is_kept(
+    prefect_api: str, tmp_path: Path
+) -> None:
+    """Neither a stranger's approval nor their rejection decides; the form says who answered; a listed one decides."""
+    stranger = {"approver": "mallory@example.com", "approve": True, "evidence_digest": EVIDENCE, "comment": "ship it"}
+    stop = {**stranger, "approve": False, "comment": "stop it"}
+    listed = {"approver": "Alice@Example.com", "approve": True, "evidence_digest": EVIDENCE, "comment": "slices fine"}
+    run_id: list[Any] = []
+
+    def manager(first_run: Any, seen: dict[str, Any]) -> None:
+        run_id.append(first_run)
+        seen["first form"] = form_description(first_run)
+        from prefect.flow_runs import resume_flow_run
+
+        resume_flow_run(first_run, run_input=stranger)
+        resume_flow_run(wait_until_paused(run_id), run_input=stop)
+        seen["third form"] = form_description(wait_until_paused(run_id))
+        resume_flow_run(run_id[0], run_input=listed)
+
+    result, seen, logged = approval_round(prefect_api, tmp_path, manager, approvers=("alice@example.com", "bob"))
+    assert result == (True, EVIDENCE, "Alice@Example.com")
+    assert "`alice@example.com`, `bob`" in seen["first form"]  # who may answer, above the report
+    assert "`mallory@example.com`, who is not on the rollout plan's allow-list" in seen["third form"]
+    assert "quality-sliced" in seen["third form"]  # the report is still shown
+    counted = json.loads(logged.read_text())
+    assert (counted["approver"], counted["comment"]) == ("Alice@Example.com", "slices fine")
+    refused = [json.loads((logged.parent / f"approval-not-on-allow-list-{n}.json").read_text()) for n in (1, 2)]
+    assert [(r["approver"], r["approve"], r["comment"]) for r in refused] == [
+        ("mallory@example.com", True, "ship it"), ("mallory@example.com", False, "stop it")]
+    evidence_run = EvidenceLedger(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "artifacts").latest_run("gated")
+    assert evidence_run is not None
+    assert evidence_run.data.tags["revgate.step.approval"] == "approved by Alice@Example.com"
 
 
 @pytest.mark.timeout(400)
@@ -161,5 +217,5 @@ def test_a_release_manager_approves_in_the_prefect_ui(prefect_api: str, tmp_path
     manager = through_the_ui(prefect_api.removesuffix("/api"), approve=True, comment="sort/long looks fine")
     result, seen, logged = approval_round(prefect_api, tmp_path, manager)
     assert seen == {"report_shown": True, "digest_shown": EVIDENCE, "answered": True}
-    assert result == (True, EVIDENCE)
+    assert result == (True, EVIDENCE, "rm@example.com")
     assert "sort/long looks fine" in logged.read_text()
