@@ -125,7 +125,8 @@ def test_an_approval_longer_than_the_lease_keeps_the_canary_then_a_rollback_in_t
         wait_until(lambda: handle.traffic.served_by(candidate, after_s=first_lease + 2), 90,
                    "the candidate serving after its first lease ran out")
         assert paused_run("approve") == run_id
-        resume_flow_run(run_id, run_input={"approve": True, "evidence_digest": "", "comment": "long lunch"})
+        resume_flow_run(run_id, run_input={"approver": "oncall", "approve": True, "evidence_digest": "",
+                                           "comment": "long lunch"})
 
         wait_until(lambda: handle.current().stable.fingerprint == candidate, 120, "the candidate promoted")
         promoted = handle.current().generation
