@@ -170,14 +170,26 @@ async def replay(
     timeout_s: float = 60.0,
     on_record: Callable[[RequestRecord], None] | None = None,
     max_connections: int = 1024,
+    max_in_flight: int | None = None,
 ) -> ReplayResult:
-    """Send every entry at its offset (open loop) and gather one record per request."""
+    """Send every entry at its offset (open loop) and gather one record per request.
+
+    With ``max_in_flight`` the replay is paced instead: an entry waits for its offset and for one of
+    that many slots, and is timed from when it left. Probes use it so that the load they add stays
+    what the revisions are measured under, rather than a flood that decides the latency gates.
+    """
     connector = aiohttp.TCPConnector(limit=max_connections)
     lateness: list[float] = []
     records: list[RequestRecord] = []
+    slots = asyncio.Semaphore(max_in_flight) if max_in_flight is not None else None
 
     async def run(entry: TraceEntry, arrival: float) -> None:
-        record = await send_one(session, target, entry, model=model, arrival=arrival, timeout_s=timeout_s, clock=clock)
+        try:
+            record = await send_one(session, target, entry, model=model, arrival=arrival, timeout_s=timeout_s,
+                                    clock=clock)
+        finally:
+            if slots is not None:
+                slots.release()
         records.append(record)
         if on_record is not None:
             on_record(record)
@@ -196,6 +208,10 @@ async def replay(
             if delay > 0:
                 await asyncio.sleep(delay)
             lateness.append(max(0.0, loop.time() - (start_mono + entry.offset_s)))
+            if slots is not None:
+                await slots.acquire()
+                tasks.append(asyncio.create_task(run(entry, clock())))  # paced: timed from when it left
+                continue
             # Latency counts from the scheduled time, so the generator's own lateness is charged to it.
             tasks.append(asyncio.create_task(run(entry, start_wall + entry.offset_s)))
         await asyncio.gather(*tasks)

@@ -11,7 +11,7 @@ import json
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evaluation.records import RequestRecord
@@ -45,9 +45,11 @@ def stage_batch(trace: Sequence[TraceEntry], stage: str, batch: int, size: int) 
     ]
 
 
-def send_batch(router_url: str, entries: Sequence[TraceEntry], model: str = "default") -> list[RequestRecord]:
-    """Replay ``entries`` open-loop through the router; one record per request."""
-    result = asyncio.run(replay(entries, router_url.rstrip("/") + "/v1", model, timeout_s=120.0))
+def send_batch(router_url: str, entries: Sequence[TraceEntry], model: str = "default", *,
+               max_in_flight: int | None = None) -> list[RequestRecord]:
+    """Replay ``entries`` through the router (open loop, or paced to ``max_in_flight``); one record per request."""
+    result = asyncio.run(replay(entries, router_url.rstrip("/") + "/v1", model, timeout_s=120.0,
+                                max_in_flight=max_in_flight))
     return list(result.records)
 
 
@@ -209,6 +211,7 @@ class StageArms:
     candidate: list[RequestRecord]
     per_router: dict[str, int]
     lost: tuple[str, ...]  # evidence the sink could not give: missing objects, drops, an unreachable store
+    prompts: dict[str, str] = field(default_factory=dict)  # shadow: what each paired request asked, by id
 
     def counts(self) -> dict[str, int]:
         """Requests per arm from users and from the flow's probes."""
@@ -321,7 +324,8 @@ class StageRecords:
                 caller = replace(caller, output_text=pair.stable_output)
             stable_arm.append(replace(caller, arm="stable"))
             candidate_arm.append(paired_candidate(pair, caller))
-        return StageArms(stable_arm, candidate_arm, dict(self.per_router), self.problems())
+        prompts = {pair.request_id: pair.prompt for pair in self.pairs.values() if pair.prompt is not None}
+        return StageArms(stable_arm, candidate_arm, dict(self.per_router), self.problems(), prompts)
 
 
 def with_labels(record: RequestRecord, labels: Mapping[str, TraceEntry]) -> RequestRecord:

@@ -43,6 +43,10 @@ class PromotionSpec(BaseModel):
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = Field(default=True, description="replay the trace as probe traffic; off: the gates judge "
                          "the users' traffic alone (needs a record sink)")
+    probe_concurrency: int | None = Field(
+        default=4, ge=1, description="most probe requests in flight at once (None: the trace's own open-loop "
+        "rate). In shadow the router mirrors with a few workers, so probes flooding stable would measure "
+        "stable under a load the shadow never sees; keep it at the routers' shadow concurrency")
     user_wait_s: float = Field(default=60.0, gt=0, description="without probes: the longest wait for a batch "
                                "of users' requests between two looks of the gates")
     judge_url: str = Field(default="", description="OpenAI-compatible /v1 of the judge for judge-pairwise graders")

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shadow.records import PairedRecord
+from shadow.records import PairedRecord, prompt_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +100,7 @@ def pair(job: MirrorJob, answer: ShadowAnswer) -> PairedRecord:
         shadow_prompt_tokens=answer.prompt_tokens,
         shadow_output_tokens=answer.output_tokens,
         caller_request_id=job.caller_request_id,
+        prompt=prompt_text(job.body),
     )
 
 

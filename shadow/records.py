@@ -31,6 +31,7 @@ class PairedRecord:
     shadow_output_tokens: int | None = None
     caller_request_id: str = ""  # the caller's own x-request-id (request_id is the router's)
     shadow_finish_reason: str | None = None  # "length" = truncated; None when the answer did not say
+    prompt: str | None = None  # what the caller asked, for label-free graders that read it (a judge)
 
     def to_json(self) -> str:
         """One JSON line (no trailing newline)."""
@@ -41,3 +42,34 @@ class PairedRecord:
         """Parse one line written by :meth:`to_json`."""
         data: dict[str, Any] = json.loads(line)
         return cls(**data)
+
+
+def prompt_text(body: bytes) -> str | None:
+    """What an OpenAI request asks, as one text: a completion's prompt, or a chat's messages in order.
+
+    None when the body is not such a request; a judge then sees an empty request and cannot prefer.
+    """
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    prompt = document.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(part, str) for part in prompt):
+        return "\n".join(prompt)
+    messages = document.get("messages")
+    if not isinstance(messages, list):
+        return None
+    return "\n".join(f"{m.get('role', '')}: {_content(m.get('content'))}" for m in messages if isinstance(m, dict))
+
+
+def _content(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""

@@ -4,51 +4,32 @@ small to follow a rubric): it scores 1 when the answer equals the reference, as 
 
 from __future__ import annotations
 
-import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli.main import main
+from tests.integration.judge_server import judge_server
 from tests.unit.test_cli_evaluate import write_arms
 
-ASKED: list[dict[str, Any]] = []
+ASKED: list[dict[str, Any]] = []  # what the judge was asked, in order
 ANSWER = re.compile(r"Reference \(may be empty\):\n(.*)\n\nAnswer:\n(.*)$", re.DOTALL)
 
 
-class Judge(BaseHTTPRequestHandler):
+def score_against_reference(prompt: str) -> dict[str, Any]:
     """Scores 1 when the answer in the prompt equals the reference in it."""
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        ASKED.append(body)
-        found = ANSWER.search(body["messages"][0]["content"])
-        score = 1 if found and found.group(1) == found.group(2) else 0
-        content = json.dumps({"score": score, "reason": "matches the reference" if score else "differs"})
-        reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+    found = ANSWER.search(prompt)
+    score = 1 if found and found.group(1) == found.group(2) else 0
+    return {"score": score, "reason": "matches the reference" if score else "differs"}
 
 
 @pytest.fixture
 def judge_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+    with judge_server(score_against_reference, ASKED) as url:
+        yield url
 
 
 def test_a_judge_model_scores_the_answers_and_the_gate_fails_the_regressed_slice(

@@ -7,11 +7,7 @@ cannot tell it always answers "A", an order bias the position swap must cancel.
 
 from __future__ import annotations
 
-import json
-import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
@@ -21,11 +17,9 @@ from evaluation import graders
 from evaluation.gates import Evidence, gates_from_policy, judge
 from evaluation.records import Arm, RequestRecord
 from manifests.gates import GatePolicy
+from tests.integration.judge_server import judge_server, prefer_correct
 
-ASKED: list[dict[str, Any]] = []
-SECTIONS = re.compile(
-    r"Request:\n(.*)\n\nReference \(may be empty\):\n.*\n\nAnswer A:\n(.*)\n\nAnswer B:\n(.*)$", re.DOTALL
-)
+ASKED: list[dict[str, Any]] = []  # what the judge was asked, in order
 
 
 def solve(request: str) -> str:
@@ -37,36 +31,11 @@ def solve(request: str) -> str:
     return " ".join(reversed(words)) if task == "rev" else " ".join(sorted(words, key=int))
 
 
-class PairwiseJudge(BaseHTTPRequestHandler):
-    """Prefers the correct answer; with both or neither correct, says "A" (order bias)."""
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        ASKED.append(body)
-        found = SECTIONS.search(body["messages"][0]["content"])
-        assert found is not None
-        right = solve(found.group(1))
-        a_ok, b_ok = found.group(2) == right, found.group(3) == right
-        choice = "B" if b_ok and not a_ok else "A"
-        content = json.dumps({"preference": choice, "reason": "worked the task out"})
-        data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def judge_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), PairwiseJudge)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+    """Prefers the correct answer; with both or neither correct, says "A" (order bias)."""
+    with judge_server(prefer_correct(solve, lambda answer, right: answer == right), ASKED) as url:
+        yield url
 
 
 Shadow = tuple[list[RequestRecord], list[RequestRecord], dict[str, str]]

@@ -10,18 +10,16 @@ the MLflow alias moved to it.
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from manifests.route import RouteSnapshot
 from registry.route_store import open_route_store
+from tests.integration.gate_reports import evidence_counts, last_report
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
@@ -37,28 +35,6 @@ def demo(zoo_dir: Path, state: Path, candidate: str, exit_code: int) -> tuple[li
     decision = "promoted" if exit_code == 0 else "rolled_back"
     assert f"decision: {decision}" in result.stdout
     return open_route_store(str(state / "routes")).history("demo"), MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
-
-
-def last_report(client: MlflowClient, folder: Path) -> tuple[str, dict[str, Any]]:
-    """The name and content of the last gate report of the demo's evidence run."""
-    experiment = client.get_experiment_by_name("revgate/demo")
-    assert experiment is not None
-    run = client.search_runs([experiment.experiment_id])[0]
-    reports = sorted(a.path for a in client.list_artifacts(run.info.run_id, "evidence")
-                     if "gate-report" in a.path and a.path.endswith(".json"))
-    assert reports, "no gate report"
-    data: dict[str, Any] = json.loads(Path(client.download_artifacts(run.info.run_id, reports[-1], str(folder)))
-                                      .read_text())
-    return reports[-1], data
-
-
-def evidence_counts(report: dict[str, Any]) -> dict[str, int]:
-    """Requests per arm from users and from probes, as the report states them."""
-    note = next(n for n in report["notes"] if n.startswith("evidence from the record sink"))
-    found = re.search(r"stable (\d+) user \+ (\d+) probe requests, candidate (\d+) user \+ (\d+) probe", note)
-    assert found is not None, note
-    keys = ("stable_users", "stable_probes", "candidate_users", "candidate_probes")
-    return dict(zip(keys, map(int, found.groups()), strict=True))
 
 
 def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp_path: Path) -> None:

@@ -58,6 +58,18 @@ def test_requests_leave_on_schedule_while_earlier_ones_are_still_streaming(farm:
     assert first.finish_reason == "length" and first.reference == "x" and first.slices == {"family": "add"}
 
 
+def test_a_paced_replay_never_has_more_than_its_slots_in_flight(farm: UpstreamFarm) -> None:
+    # The flow's probes: all due at once, but at most three out at a time, each timed from when it left.
+    result = asyncio.run(replay(entries(12, 1000.0, 40), farm["replay-a"].url + "/v1", "replay-a", max_in_flight=3))
+    assert len(result.records) == 12 and {r.outcome for r in result.records} == {"ok"}
+    spans = [(r.arrival_s, r.last_token_s) for r in result.records]
+    assert all(end is not None for _, end in spans)
+    most = max(sum(start <= moment < end for start, end in spans if end is not None) for moment, _ in spans)
+    assert most == 3  # the slots were used, and never exceeded
+    assert min(metrics.latencies_ms(result.records, "ttft")) >= 35  # timed from leaving, not from the due time
+    assert max(metrics.latencies_ms(result.records, "e2e")) < 4 * min(metrics.latencies_ms(result.records, "e2e"))
+
+
 def test_rejections_and_timeouts_are_recorded_not_dropped(farm: UpstreamFarm) -> None:
     farm["replay-a"].fail_next = 3
     slow = [TraceEntry(request_id="slow", offset_s=0.3, body={"prompt": "x", "max_tokens": 4, "user": "delay-ms:800"})]

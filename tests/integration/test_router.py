@@ -164,6 +164,7 @@ def test_shadow_never_reaches_the_caller_and_skips_side_effecting_tools(
     assert pair.stable_output and pair.stable_output.startswith(("a1-0", "a2-0"))
     assert pair.shadow_revision == fingerprint("s") and pair.stable_revision == fingerprint("a")
     assert (pair.shadow_prompt_tokens, pair.shadow_output_tokens) == (3, 3)  # the shadow's own usage block
+    assert pair.prompt == "user: hello"  # what was asked, for a judge that reads it
 
 
 def test_corrupt_snapshot_in_the_store_is_ignored_and_the_last_good_one_kept(router: RouterProcess,

@@ -11,6 +11,7 @@ from serving.admin_token import AdminTokenInvalid, authorized, load_admin_token
 from serving.router.ids import RequestIds
 from serving.router.limits import Limits
 from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
+from shadow.records import prompt_text
 
 
 def test_request_ids_are_unique_random_hex() -> None:
@@ -77,3 +78,17 @@ def test_every_limit_has_a_positive_default_and_the_watchdog_ticks_within_the_sh
     assert limits.max_body_bytes == 16 * 1024 * 1024 and limits.max_header_bytes == 64 * 1024
     assert 0 < limits.tick_s <= min(limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s) / 4
     assert Limits(header_timeout_s=1.0).tick_s == 0.25
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (b'{"prompt": "sort 3142="}', "sort 3142="),
+    (b'{"prompt": ["a", "b"]}', "a\nb"),
+    (b'{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}',
+     "system: be brief\nuser: hi"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "look"}]}]}', "user: look"),
+    (b'{"input": "x"}', None),
+    (b"not json", None),
+    (b"[1, 2]", None),
+])
+def test_a_paired_record_keeps_what_the_caller_asked(body: bytes, expected: str | None) -> None:
+    assert prompt_text(body) == expected
