@@ -155,7 +155,7 @@ def analyze_live(
         if trace:
             entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
             labels.update((entry.request_id, entry) for entry in entries)
-            evidence.send_batch(spec.router_url, entries)
+            evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency)
             records.settle(entry.request_id for entry in entries)
         else:
             records.wait_for(spec.batch_size, spec.user_wait_s)
@@ -186,7 +186,7 @@ class PairGrading:
     def scores(self, arms: evidence.StageArms) -> dict[str, dict[str, tuple[float, float]]]:
         """Grade the pairs not graded before; every grade so far, by grader and request id."""
         fresh = [r for r in arms.stable if r.request_id not in self.graded]
-        for name, table in grade_pairs(answer_pairs(fresh, arms.candidate), self.graders).items():
+        for name, table in grade_pairs(answer_pairs(fresh, arms.candidate, arms.prompts), self.graders).items():
             self.table[name].update(table)
         self.graded.update(r.request_id for r in fresh)
         return self.table
@@ -217,7 +217,7 @@ def analyze_probes(
     report: GateReport | None = None
     for batch in range(batches):
         entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
-        records = evidence.send_batch(spec.router_url, entries)
+        records = evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency)
         if state.shadow_ppm:
             # Re-pair everything sent so far: copies of earlier batches may have landed since.
             sent += records
