@@ -15,6 +15,7 @@ such route, or bad input.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -255,10 +256,10 @@ def _token(path: Path | None) -> str:
     return path.read_text(encoding="utf-8").strip() if path else ""
 
 
-def _get_json(url: str, token: str, timeout_s: float) -> dict[str, Any]:
+def _get_json(url: str, token: str, timeout_s: float, scheme: str = "Bearer") -> dict[str, Any]:
     request = urllib.request.Request(url)  # noqa: S310 (the operator names the URL)
     if token:
-        request.add_header("Authorization", f"Bearer {token}")
+        request.add_header("Authorization", f"{scheme} {token}")
     with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
         answer: dict[str, Any] = json.loads(response.read())
         return answer
@@ -325,7 +326,10 @@ def _flow_run_state(prefect_api: str, flow_run_id: str, timeout_s: float) -> str
     if not prefect_api:
         return "not configured"
     try:
-        run = _get_json(f"{prefect_api.rstrip('/')}/flow_runs/{flow_run_id}", "", timeout_s)
+        # A server behind basic auth (PREFECT_SERVER_API_AUTH_STRING) takes what Prefect's own clients send.
+        auth = os.environ.get("PREFECT_API_AUTH_STRING", "")
+        basic = base64.b64encode(auth.encode()).decode() if auth else ""
+        run = _get_json(f"{prefect_api.rstrip('/')}/flow_runs/{flow_run_id}", basic, timeout_s, scheme="Basic")
     except (OSError, ValueError):
         return UNREACHABLE
     return str((run.get("state") or {}).get("name", "unknown"))

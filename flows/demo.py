@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,15 +104,17 @@ USER_RATE = 0.5  # users' requests per second in the background (what one replic
 
 
 @contextmanager
-def user_traffic(router_url: str, folder: Path, rate: float = USER_RATE) -> Iterator[subprocess.Popen[bytes]]:
+def user_traffic(router_url: str, folder: Path, rate: float = USER_RATE,
+                 mix: Mapping[str, float] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """Users' traffic through the router from another process, open-loop, for as long as the block runs.
 
     Its requests declare their task slices (as a client may) but carry no reference answers the
-    flow could see: the gates judge them on latency, SLOs, errors and label-free checks.
+    flow could see: the gates judge them on latency, SLOs, errors and label-free checks. ``mix``
+    weights the task slices the users ask for (default: all alike).
     """
     trace = folder / "users.jsonl"
     folder.mkdir(parents=True, exist_ok=True)
-    write_trace(generate_trace(int(rate * 3600), rate=rate, seed=11, labelled_fraction=0.0), trace)
+    write_trace(generate_trace(int(rate * 3600), rate=rate, seed=11, labelled_fraction=0.0, mix=mix), trace)
     argv = [sys.executable, "-m", "cli.main", "replay", str(trace), "--target", router_url.rstrip("/") + "/v1",
             "--out", str(folder / "users-records.jsonl")]
     with (folder / "users.log").open("ab") as log:
@@ -155,8 +157,10 @@ def run_demo(
     token = processes.token_file(root / "token")
     routes, router_state, sink = str(root / "routes"), root / "router", root / "records"
     with ExitStack() as services:
-        env = services.enter_context(processes.prefect_server(root / "prefect"))
-        print(f"Prefect server at {env['PREFECT_API_URL'].removesuffix('/api')}")
+        auth_file = root / "prefect-auth"
+        env = services.enter_context(processes.prefect_server(root / "prefect", auth_file=auth_file))
+        print(f"Prefect server at {env['PREFECT_API_URL'].removesuffix('/api')}, behind basic auth: "
+              f"the UI asks for the user:password in {auth_file}")
         worker_url = services.enter_context(processes.worker_agent(root / "worker", token))
         client = WorkerClient(worker_url, token.read_text().strip())
         stable_revision = ServiceRevision(

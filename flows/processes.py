@@ -66,13 +66,40 @@ def prefect_env(home: Path, port: int) -> dict[str, str]:
     }
 
 
+def basic_auth_file(path: Path, user: str = "revgate") -> str:
+    """A Prefect basic-auth string ``user:password`` kept in ``path`` (generated once, readable by its owner only)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Created 0600 from the start, so the password is never readable by others, not even briefly.
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as sink:
+            sink.write(f"{user}:{secrets.token_urlsafe(24)}\n")
+    auth = path.read_text(encoding="utf-8").strip()
+    if ":" not in auth:
+        raise ServiceFailed("the Prefect auth file does not hold user:password", where=str(path),
+                            fix="Delete it to have a new one generated, or write user:password into it.")
+    return auth
+
+
 @contextmanager
-def prefect_server(home: Path) -> Iterator[dict[str, str]]:
-    """A ``prefect server start`` on a free port; yields the environment that points at it."""
+def prefect_server(home: Path, auth_file: Path | None = None) -> Iterator[dict[str, str]]:
+    """A ``prefect server start`` on a free port; yields the environment that points at it.
+
+    With ``auth_file`` the server asks every API call and the UI for the basic-auth string kept
+    there (``PREFECT_SERVER_API_AUTH_STRING``), and the environment yielded carries it for clients
+    (``PREFECT_API_AUTH_STRING``): start every Prefect client with that environment.
+    """
     port = free_port()
     env = prefect_env(home, port)
+    server_env = dict(env)
+    if auth_file is not None:
+        auth = basic_auth_file(auth_file)
+        env["PREFECT_API_AUTH_STRING"] = auth
+        # The server's own services call its API too, so it carries the client setting as well.
+        server_env |= {"PREFECT_API_AUTH_STRING": auth, "PREFECT_SERVER_API_AUTH_STRING": auth}
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    with service(argv, f"http://127.0.0.1:{port}/api/health", home / "server.log", env=env, timeout_s=180):
+    # /api/health answers without the auth string, so readiness is checked the same way either way.
+    with service(argv, f"http://127.0.0.1:{port}/api/health", home / "server.log", env=server_env, timeout_s=180):
         yield env
 
 
