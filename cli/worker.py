@@ -23,6 +23,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds a replica may take to load")
     parser.add_argument("--stop-timeout", type=float, default=15.0,
                         help="seconds a stopping engine gets after SIGTERM before it is killed (SIGKILL)")
+    parser.add_argument("--cpu-slots", type=int, default=2,
+                        help="on the CPU: split this host's cores into N slots, one replica's engine per slot "
+                        "(the least used; 0: let vLLM bind every engine to every core)")
     parser.set_defaults(func=run)
 
 
@@ -31,6 +34,6 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(serve_worker(
         host=args.host, port=args.port, cache=args.cache, token_file=args.token_file,
         device=args.device, engine_python=args.engine_python, startup_timeout_s=args.startup_timeout,
-        stop_timeout_s=args.stop_timeout,
+        stop_timeout_s=args.stop_timeout, cpu_slots=args.cpu_slots,
     ))
     return 0

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from manifests.errors import RevgateError
 from serving.worker.artifact import ArtifactPreparer, SealedArtifact
+from serving.worker.cores import bind_mask, least_used, split_cores
 from serving.worker.drain import Admission
 from serving.worker.engine import (
     ENGINE_HOST,
@@ -131,6 +132,7 @@ class _Running:
     admission: Admission
     log_path: Path
     folder: Path  # the replica's own hard links to the verified files: what its engine loads
+    slot: int | None = None  # the CPU slot its engine computes on (None: no slots, or not started)
     engine: SupervisedEngine | None = None
     proxy: ReplicaProxy | None = None
     stopping: bool = False
@@ -151,8 +153,11 @@ class WorkerAgent:
         startup_timeout_s: float = 300.0,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
         preparer: Preparer | None = None,
+        cpu_slots: int = 2,
     ) -> None:
         self.cache = cache
+        # On the CPU each replica computes on its own slot of this process's cores (see serving.worker.cores).
+        self.slots = split_cores(sorted(os.sched_getaffinity(0)), cpu_slots) if device == "cpu" else ()
         self.device = device
         self.engine_python = engine_python
         self.host = host
@@ -258,12 +263,14 @@ class WorkerAgent:
         self._timed(replica_id, fetch_s=prepared.fetch_s, verify_s=prepared.verify_s)
         if running.stopping:
             return
-        engine = self.engine_for(running.request, prepared.served, running.log_path)
+        running.slot = least_used(self.slots, self._slots_in_use())
+        cores = self.slots[running.slot] if running.slot is not None else ()
+        engine = self.engine_for(running.request, prepared.served, running.log_path, cores=cores)
         running.engine = engine
         engine_started = time.monotonic()
         # On the loop, not in a thread: a drain can then never miss a process started behind its back.
         engine.start()
-        self._set(replace(self._replicas[replica_id], engine_port=engine.port, pid=engine.pid))
+        self._set(replace(self._replicas[replica_id], engine_port=engine.port, pid=engine.pid, cpu_cores=cores))
         running.tasks.append(asyncio.get_running_loop().create_task(self._supervise(replica_id)))
         await asyncio.to_thread(engine.wait_healthy, self.startup_timeout_s)
         self._timed(replica_id, engine_start_s=time.monotonic() - engine_started, load_s=time.monotonic() - started)
@@ -281,17 +288,29 @@ class WorkerAgent:
             work.add_done_callback(lambda done: _discard(done, folder))
             raise
 
-    def engine_for(self, request: ReplicaRequest, model_dir: Path, log_path: Path) -> SupervisedEngine:
+    def _slots_in_use(self) -> dict[int, int]:
+        """Replicas with a started engine, by CPU slot."""
+        used: dict[int, int] = {}
+        for running in self._running.values():
+            if running.slot is not None and running.engine is not None:
+                used[running.slot] = used.get(running.slot, 0) + 1
+        return used
+
+    def engine_for(self, request: ReplicaRequest, model_dir: Path, log_path: Path, *,
+                   cores: tuple[int, ...] = ()) -> SupervisedEngine:
         """The (unstarted) engine for a verified model (its folder, or a single-file artifact's one
         file): this host's device, a free loopback port (never the worker's address), the revision's
-        execution config, and the fingerprint in the served model name.
+        execution config, the fingerprint in the served model name, and on the CPU its slot's cores.
         """
         execution = request.revision.execution
         port = free_port(ENGINE_HOST)
         command = engine_command(
             model_dir, execution, port, served_model_name(request), device=self.device, python=self.engine_python,
         )
-        return SupervisedEngine(command, engine_env(execution, self.device), port, ENGINE_HOST, log_path)
+        env = engine_env(execution, self.device)
+        if cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind_mask(cores)
+        return SupervisedEngine(command, env, port, ENGINE_HOST, log_path)
 
     async def _warm(self, replica_id: str, running: _Running) -> None:
         if running.stopping or running.engine is None:
@@ -351,6 +370,7 @@ class WorkerAgent:
         stopped = _Stopped()
         if engine is not None:
             stopped = await self._stop_engine(engine)
+        running.slot = None  # its cores are free for the next replica
         await asyncio.to_thread(remove_tree, running.folder)
         return stopped
 

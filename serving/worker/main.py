@@ -23,12 +23,13 @@ async def serve_worker(
     engine_python: Path | None = None,
     startup_timeout_s: float = 300.0,
     stop_timeout_s: float = 15.0,
+    cpu_slots: int = 2,
 ) -> None:
     """Serve until SIGINT/SIGTERM; the token is checked before anything listens."""
     token = load_token(token_file)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=host,
-                        startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s)
+                        startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s, cpu_slots=cpu_slots)
     config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",
                             lifespan="on", access_log=False)
     await uvicorn.Server(config).serve()

@@ -103,6 +103,7 @@ class Replica:
     endpoint: str = ""  # the worker's local proxy for this replica: where traffic goes
     engine_port: int | None = None
     pid: int | None = None
+    cpu_cores: tuple[int, ...] = ()  # on the CPU: the cores its engine computes on
     timings_s: dict[str, float] = field(default_factory=dict)
     capacity: Capacity | None = None
     failure: Failure | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 from collections.abc import MutableMapping
@@ -21,6 +22,7 @@ from serving.worker.agent import SignaturePolicyConflict, WorkerAgent, served_mo
 from serving.worker.api import ControlApp
 from serving.worker.artifact import SealedArtifact
 from serving.worker.auth import TokenFileInvalid, authorized, load_token, write_token
+from serving.worker.cores import bind_mask, least_used, split_cores
 from serving.worker.drain import Admission
 from serving.worker.proxy import (
     REVISION_HEADER,
@@ -409,3 +411,28 @@ def test_a_refused_request_with_a_body_still_gets_its_answer(tmp_path: Path) -> 
     assert [answer.split(b"\r\n", 1)[0] for answer in answers] == (
         [b"HTTP/1.1 404 Not Found"] * 3 + [b"HTTP/1.1 503 Service Unavailable"] * 3)
     assert b"is not exposed by the replica proxy" in answers[0] and b"not ready yet" in answers[-1]
+
+
+def test_cores_split_into_near_equal_contiguous_slots_and_the_least_used_slot_is_given() -> None:
+    assert split_cores([3, 0, 1, 2], 2) == ((0, 1), (2, 3))
+    assert split_cores(range(5), 2) == ((0, 1, 2), (3, 4))
+    assert split_cores([0, 1], 4) == ((0,), (1,))  # never an empty slot
+    assert split_cores([0, 1], 0) == () and split_cores([], 2) == ()
+    slots = split_cores([0, 1], 2)
+    assert least_used(slots, {}) == 0 and least_used(slots, {0: 1}) == 1
+    assert least_used(slots, {0: 1, 1: 1}) == 0  # a third replica shares the first slot
+    assert least_used((), {}) is None
+    assert bind_mask((2, 3)) == "2,3"
+
+
+def test_on_the_cpu_an_engine_is_bound_to_its_slot_and_on_a_gpu_it_is_not(tmp_path: Path) -> None:
+    request = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY)
+    agent = WorkerAgent(tmp_path, device="cpu")
+    assert agent.slots == split_cores(sorted(os.sched_getaffinity(0)), 2)
+    bound = agent.engine_for(request, tmp_path / "model", tmp_path / "log", cores=(1,))
+    assert bound.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    unbound = agent.engine_for(request, tmp_path / "model", tmp_path / "log")
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in unbound.env or unbound.env["VLLM_CPU_OMP_THREADS_BIND"] == os.environ.get(
+        "VLLM_CPU_OMP_THREADS_BIND")
+    assert WorkerAgent(tmp_path, device="cuda").slots == ()
+    assert WorkerAgent(tmp_path, device="cpu", cpu_slots=0).slots == ()
