@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -14,12 +15,25 @@ import boto3
 import httpx
 import pytest
 
+from evaluation.evidence import build_evidence
+from evaluation.gates import gates_from_policy, judge
+from evaluation.graders import exact_match
 from evaluation.records import RequestRecord
-from registry.record_store import RecordReader, open_record_store
+from flows.evidence import StageRecords
+from flows.promote import with_provenance
+from manifests.gates import GatePolicy
+from registry.record_store import RecordReader, StageWindow, open_record_store
 from serving.worker.engine import free_port
 from shadow.records import PairedRecord
 from tests.conftest import wait_for_port
-from tests.integration.router_harness import RouterProcess, UpstreamFarm, router_process, snapshot, wait_until
+from tests.integration.router_harness import (
+    RouterProcess,
+    UpstreamFarm,
+    fingerprint,
+    router_process,
+    snapshot,
+    wait_until,
+)
 
 pytestmark = pytest.mark.servers
 
@@ -105,6 +119,37 @@ def test_two_routers_feed_one_prefix_and_reading_is_incremental(
         wait_until(lambda: len(gather(paired, pairs.read().records)) >= 9, timeout=20)
         assert pairs.totals == {"host-a": 6, "host-b": 3}
         assert all(item.shadow_output and item.stable_output for item in paired)
+
+
+def test_two_routers_feeding_one_canary_stage_give_one_report_that_counts_both(
+    farm: UpstreamFarm, s3_endpoint: str, tmp_path: Path
+) -> None:
+    # Two routers on two hosts serve one route at a 50% canary; the stage reads both from the sink.
+    url = bucket_url(s3_endpoint)
+    since = time.time()
+    first = snapshot(ROUTE, 1, [farm["a1"]], candidate=[farm["s1"]], weight_ppm=500_000)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with router_process(tmp_path / "a", ROUTE, first, extra=sink_flags(url, "host-a")) as one, \
+            router_process(tmp_path / "b", ROUTE, first, extra=sink_flags(url, "host-b")) as two:
+        for number in range(60):
+            complete(one, f"a{number}", **{"x-session-id": f"a{number}"})
+            complete(two, f"b{number}", **{"x-session-id": f"b{number}"})
+        stage = StageRecords(url, ROUTE, StageWindow(first_generation=1, since_s=since), paired=False)
+        wait_until(lambda: stage.poll() >= 120, timeout=20)
+    arms = stage.canary(fingerprint("a"), fingerprint("s"), {})
+    policy = GatePolicy.build(min_samples_per_slice=10, max_samples_per_stage=100, look_every=20,
+                              latency_metrics=[])
+    evidence = build_evidence(arms.stable, arms.candidate, exact_match, expected_candidate_share=0.5)
+    report = with_provenance(judge(gates_from_policy(policy, 0.5), policy, evidence), arms)
+
+    assert len(arms.stable) + len(arms.candidate) == 120 and arms.stable and arms.candidate
+    assert arms.per_router == {"host-a": 60, "host-b": 60}
+    note = next(n for n in report.notes if n.startswith("evidence from the record sink"))
+    assert f"stable {len(arms.stable)} user + 0 probe requests" in note
+    assert "records per router: host-a 60, host-b 60" in note
+    split = next(g for g in report.gates if g.gate == "sample-ratio")
+    assert split.numbers["candidate"] == str(len(arms.candidate)) and split.numbers["stable"] == str(len(arms.stable))
 
 
 class MotoServer:
