@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import FlowRun, State
@@ -69,15 +70,20 @@ def state_end(flow_run_id: str, state: State[Any]) -> RunEnd:
 
 def submit(deployment: str, parameters: dict[str, Any]) -> FlowRun:
     """Create a run of ``deployment`` with these parameters; a worker of its pool picks it up."""
-    with get_client(sync_client=True) as client:
-        try:
+    try:
+        with get_client(sync_client=True) as client:
             found = client.read_deployment_by_name(deployment)
-        except ObjectNotFound:
-            raise DeploymentMissing(
-                f"no deployment {deployment!r}", where=str(PREFECT_API_URL.value()),
-                fix="Create the work pool and deployments with `revgate deploy` (docs/operations.md).",
-            ) from None
-        return client.create_flow_run_from_deployment(found.id, parameters=parameters)
+            return client.create_flow_run_from_deployment(found.id, parameters=parameters)
+    except ObjectNotFound:
+        raise DeploymentMissing(
+            f"no deployment {deployment!r}", where=str(PREFECT_API_URL.value()),
+            fix="Create the work pool and deployments with `revgate deploy` (docs/operations.md).",
+        ) from None
+    except (httpx.HTTPError, OSError) as error:
+        raise DeploymentMissing(
+            f"the Prefect API cannot be reached ({error})", where=str(PREFECT_API_URL.value()),
+            fix="Start the Prefect server or set PREFECT_API_URL to it.",
+        ) from None
 
 
 def describe(run: FlowRun) -> str:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -84,24 +87,36 @@ def write_site(root: Path) -> tuple[Path, str]:
     return path, candidate
 
 
+def revgate_env(prefect_api: str, site: Path) -> dict[str, str]:
+    """The environment of a person's shell and of the worker: the Prefect server, the checkout, the site file."""
+    return {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "REVGATE_HOME": str(ROOT), "REVGATE_SITE": str(site), "PREFECT_LOGGING_LEVEL": "INFO"}
+
+
+@contextmanager
+def deployed(env: dict[str, str], folder: Path) -> Iterator[None]:
+    """``revgate deploy`` (work pool and deployments), then a ``prefect worker`` on the pool for the block."""
+    done = subprocess.run([sys.executable, "-m", "cli.main", "deploy", "--project", str(ROOT)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "work pool revgate" in done.stdout
+    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "revgate"]
+    with (folder / "worker.log").open("ab") as log:
+        worker = subprocess.Popen(argv, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        processes.stop(worker)
+
+
 @pytest.fixture(scope="module")
 def site(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     """The deployments applied with ``revgate deploy`` and one worker polling the pool every second."""
     root = tmp_path_factory.mktemp("site")
     path, candidate = write_site(root)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "REVGATE_HOME": str(ROOT), "REVGATE_SITE": str(path), "PREFECT_LOGGING_LEVEL": "INFO"}
-    made = Site(root, path, env, candidate)
-    deployed = made.revgate("deploy", "--project", str(ROOT), timeout_s=300)
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    assert "work pool revgate" in deployed.stdout
-    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "revgate"]
-    with (root / "worker.log").open("ab") as log:
-        worker = subprocess.Popen(argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield made
-    finally:
-        processes.stop(worker)
+    env = revgate_env(prefect_api, path)
+    with deployed(env, root):
+        yield Site(root, path, env, candidate)
 
 
 def test_the_run_form_is_typed_and_described(site: Site) -> None:
@@ -119,6 +134,19 @@ def test_the_run_form_is_typed_and_described(site: Site) -> None:
     assert "sha256:" in fields["candidate"]["description"]
     assert promote.work_pool_name == rollback.work_pool_name == "revgate"
     assert (rollback.parameter_openapi_schema or {})["required"] == ["route"]
+
+
+def run_span(output: str) -> tuple[datetime, datetime]:
+    """When the worker started the process of the run whose id ``revgate promote`` printed, and when it ended."""
+    from prefect.client.orchestration import get_client
+
+    run_id = re.search(r"flow run \S+ \(([0-9a-f-]{36})\) submitted", output)
+    assert run_id is not None, output
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(UUID(run_id.group(1)))
+        started = [state.timestamp for state in client.read_flow_run_states(run.id) if state.type.value == "PENDING"]
+    assert started and run.end_time is not None
+    return started[0], run.end_time
 
 
 @pytest.mark.timeout(300)
@@ -140,6 +168,8 @@ def test_a_refused_route_and_a_missing_candidate_each_end_with_their_reason(site
     assert "refused: route 'alpha' already has a rollout in progress" in locked_out
     assert missing.returncode == 5, missing_out
     assert f"candidate {MISSING} is not in the artifact store" in missing_out
+    (first, first_end), (second, second_end) = run_span(locked_out), run_span(missing_out)
+    assert first < second_end and second < first_end  # the worker ran both processes at the same time
     for route in ("alpha", "beta"):
         assert [s.generation for s in open_route_store(str(site.root / "routes")).history(route)] == [1]
     assert not (site.root / "mlflow.db").exists()  # both ended before an evidence run was opened
@@ -154,8 +184,6 @@ def test_an_unknown_name_names_what_the_site_has(site: Site) -> None:
 
 @pytest.mark.timeout(300)
 def test_the_rollback_deployment_removes_the_canary(site: Site) -> None:
-    from flows.submit import ROLLBACK, follow_run, submit
-
     routes = open_route_store(str(site.root / "routes"))
     current = routes.read("beta")
     assert current is not None
@@ -163,10 +191,27 @@ def test_the_rollback_deployment_removes_the_canary(site: Site) -> None:
     canary = CanaryTarget(fingerprint="sha256:" + "3" * 64, endpoints=("http://127.0.0.1:10",), weight_ppm=50_000,
                           lease_expires_at=now + timedelta(minutes=10))
     routes.write(successor(current, by="a rollout", now=now, candidate=canary))
-    run = submit(ROLLBACK, {"route": "beta", "requested_by": "oncall"})
-    lines: list[str] = []
-    end = follow_run(run.id, lines.append, timeout_s=240)
-    assert end.state_type == "COMPLETED", lines
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "deployment", "run", "rollback/rollback-route", "--param", "route=beta",
+         "--param", "requested_by=oncall", "--watch"],
+        cwd=ROOT, env=site.env, capture_output=True, text=True, check=False, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
     after = wait_until(lambda: routes.read("beta"), 5, "the route")
     assert after.candidate is None and after.stable.fingerprint == STABLE.fingerprint
     assert after.created_by == "oncall (rollback)"
+
+
+@pytest.mark.timeout(300)
+def test_a_local_run_reads_the_site_given_and_no_deployment_is_named_clearly(site: Site) -> None:
+    env = {key: value for key, value in site.env.items() if key != "REVGATE_SITE"}
+    local = subprocess.run([sys.executable, "-m", "cli.main", "promote", "beta", MISSING, "--local", "--site",
+                            str(site.path)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=240)
+    assert local.returncode == 5, local.stdout + local.stderr
+    assert f"candidate {MISSING} is not in the artifact store" in local.stdout
+    unreachable = subprocess.run([sys.executable, "-m", "cli.main", "promote", "beta", "tiny"], cwd=ROOT,
+                                 env={**env, "PREFECT_API_URL": "http://127.0.0.1:9/api"}, capture_output=True,
+                                 text=True, check=False, timeout=240)
+    assert unreachable.returncode == 2
+    assert "the Prefect API cannot be reached" in unreachable.stderr

@@ -108,3 +108,14 @@ def test_the_site_file_comes_from_the_argument_the_environment_or_the_default(
     monkeypatch.setenv("REVGATE_SITE", "/etc/revgate/site.json")
     assert site_path() == Path("/etc/revgate/site.json")
     assert site_path("other.json") == Path("other.json")
+
+
+def test_the_documented_site_configuration_loads(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = text[text.index("### The site configuration"):]
+    example = section[section.index("```json") + len("```json"):section.index("```\n", section.index("```json") + 7)]
+    path = tmp_path / "site.json"
+    path.write_text(example, encoding="utf-8")
+    site = load_site(path)
+    spec = promotion_spec(site, "chat", "improved")
+    assert spec.plan == site.plans["half"] and spec.records_sink == "s3://records/prod/chat"

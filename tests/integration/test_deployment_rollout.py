@@ -1,0 +1,57 @@
+"""A whole rollout asked for by name and run by a Prefect worker: ``revgate promote ROUTE CANDIDATE``
+submits a run of the promote-revision deployment, the worker's run reads the site configuration,
+loads the candidate on a worker agent running vLLM on the CPU, moves half the traffic through a
+router, bakes, and promotes; users' traffic flows through the router the whole time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.site import ROUTE_ONLY, RouteSite
+from manifests.rollout import Bake, RolloutPlan, SetWeight
+from tests.integration.rollout_estate import Rollout, estate, rollout
+from tests.integration.test_deployments import ROOT, deployed, revgate_env
+
+pytestmark = [pytest.mark.engine, pytest.mark.servers]
+
+
+def site_of(handle: Rollout, path: Path) -> Path:
+    """The site configuration for the rollout's route: its parts, its policy and plan by name, the candidate."""
+    spec = handle.spec
+    settings = spec.model_dump(mode="json", include=set(RouteSite.model_fields) - ROUTE_ONLY)
+    route = {**settings, "policy": "demo", "plan": "half-then-promote",
+             "candidates": {"improved": spec.candidate_manifest}}
+    document = {"routes": {handle.route: route}, "policies": {"demo": spec.gate_policy.model_dump(mode="json")},
+                "plans": {"half-then-promote": spec.plan.model_dump(mode="json")}}
+    path.write_text(json.dumps(document, indent=1), encoding="utf-8")
+    return path
+
+
+@pytest.mark.timeout(900)
+def test_a_rollout_asked_for_by_name_is_promoted_by_the_worker(
+    zoo_dir: Path, prefect_api: str, tmp_path: Path
+) -> None:
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=5)], lease_seconds=20,
+                             lease_renew_seconds=2, rollback_window_seconds=0)
+    with estate(zoo_dir, prefect_api, tmp_path / "estate") as parts, \
+            rollout(parts, tmp_path / "route", "deployed", plan, rate=0.5) as handle:
+        stable = handle.current().stable.fingerprint
+        env = revgate_env(prefect_api, site_of(handle, tmp_path / "site.json"))
+        with deployed(env, tmp_path):
+            done = subprocess.run([sys.executable, "-m", "cli.main", "promote", "deployed", "improved",
+                                   "--approval", "auto", "--requested-by", "ana"],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=720)
+        print(done.stdout, done.stderr[-3000:])
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        assert "Completed: decision: promoted" in done.stdout and done.stdout.rstrip().endswith("decision: promoted")
+        promoted = handle.current()
+        assert promoted.stable.fingerprint != stable and promoted.candidate is None
+        assert promoted.created_by == "ana"
+        assert handle.traffic.failed() == []
+        assert handle.traffic.served_by(promoted.stable.fingerprint)

@@ -1,0 +1,40 @@
+"""``revgate promote``: how a run's end becomes the exit code, and which form of the command is which."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli.main import build_parser
+from cli.promote import NOT_PROMOTED, PROMOTED, REFUSED, RUN_FAILED, finish, run_promote
+from flows.submit import RunEnd
+
+
+@pytest.mark.parametrize(("state", "message", "code", "printed"), [
+    ("COMPLETED", "decision: promoted", PROMOTED, "decision: promoted"),
+    ("COMPLETED", "decision: rolled_back", NOT_PROMOTED, "decision: rolled_back"),
+    ("FAILED", "refused: route 'a' already has a rollout in progress", REFUSED, "refused: route 'a'"),
+    ("FAILED", "Flow run encountered an exception: CandidateMissing: candidate sha256:9", RUN_FAILED,
+     "without a decision"),
+    ("CANCELLED", "", RUN_FAILED, "ended Cancelled"),
+])
+def test_the_end_of_a_run_is_the_exit_code(
+    capsys: pytest.CaptureFixture[str], state: str, message: str, code: int, printed: str
+) -> None:
+    assert finish(RunEnd("id", state, state.title(), message)) == code
+    assert printed in capsys.readouterr().out
+
+
+def test_a_route_without_a_candidate_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["promote", "chat"])
+    assert run_promote(args) == 2
+    assert "give ROUTE CANDIDATE" in capsys.readouterr().err
+
+
+def test_the_spec_file_form_and_the_named_form_parse() -> None:
+    spec_form = build_parser().parse_args(["promote", str(Path("promotion.json"))])
+    assert spec_form.target == "promotion.json" and spec_form.candidate == ""
+    named = build_parser().parse_args(["promote", "chat", "improved", "--policy", "strict", "--plan", "ladder"])
+    assert (named.target, named.candidate, named.policy, named.plan, named.approval, named.local) == (
+        "chat", "improved", "strict", "ladder", "ui", False)
