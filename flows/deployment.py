@@ -112,12 +112,12 @@ def rollback(route: str, requested_by: str = "") -> str:
 
 def notify_router(settings: RouteSite, timeout_s: float = 5.0) -> str:
     """Ask the route's router to re-read the route now; a router not told picks it up at its next poll."""
-    token = Path(settings.router_admin_token_file).read_text(encoding="utf-8").strip()
-    request = urllib.request.Request(  # noqa: S310 - the router's admin port
-        f"{settings.router_admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"},
-        method="POST",
-    )
-    try:
+    try:  # the rollback is committed already: a router that cannot be told is reported, never an error
+        token = Path(settings.router_admin_token_file).read_text(encoding="utf-8").strip()
+        request = urllib.request.Request(  # noqa: S310 - the router's admin port
+            f"{settings.router_admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"},
+            method="POST",
+        )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
             answer = json.loads(response.read())
     except (OSError, ValueError) as error:
