@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 # Exit codes of `revgate promote`.
-PROMOTED, NOT_PROMOTED, REFUSED, RUN_FAILED = 0, 3, 4, 5
+PROMOTED, NOT_PROMOTED, REFUSED, RUN_FAILED, INTERRUPTED = 0, 3, 4, 5, 130
 
 
 def run_promote(args: argparse.Namespace) -> int:
@@ -75,7 +75,12 @@ def run_deployment(parameters: dict[str, str], *, follow: bool) -> int:
     print(f"flow run {run.name} ({run.id}) submitted to {PROMOTE}: {run_url(str(run.id))}", flush=True)
     if not follow:
         return 0
-    return finish(follow_run(run.id, lambda line: print(f"  {line}", flush=True)))
+    try:
+        end = follow_run(run.id, lambda line: print(f"  {line}", flush=True))
+    except KeyboardInterrupt:  # only the following stops: the run is the worker's
+        print(f"stopped following; the run goes on (cancel it in the UI): {run_url(str(run.id))}")
+        return INTERRUPTED
+    return finish(end)
 
 
 def run_local(parameters: dict[str, str], site: str) -> int:

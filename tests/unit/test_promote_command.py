@@ -38,3 +38,21 @@ def test_the_spec_file_form_and_the_named_form_parse() -> None:
     named = build_parser().parse_args(["promote", "chat", "improved", "--policy", "strict", "--plan", "ladder"])
     assert (named.target, named.candidate, named.policy, named.plan, named.approval, named.local) == (
         "chat", "improved", "strict", "ladder", "ui", False)
+
+
+def test_a_paused_run_points_at_its_approval_form() -> None:
+    from uuid import uuid4
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+    from prefect.states import Paused, Running
+
+    from flows.submit import describe
+
+    run_id = uuid4()
+    with temporary_settings(updates={PREFECT_API_URL: "http://prefect.internal:4200/api", PREFECT_UI_URL: None}):
+        paused = describe(FlowRun(id=run_id, flow_id=uuid4(), state=Paused(timeout_seconds=60)))
+        running = describe(FlowRun(id=run_id, flow_id=uuid4(), state=Running()))
+    assert paused.startswith("Paused")
+    assert f"approve or reject at http://prefect.internal:4200/runs/flow-run/{run_id}" in paused
+    assert running == "Running"
