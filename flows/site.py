@@ -56,6 +56,7 @@ class RouteSite(BaseModel):
     router_records: str = ""
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = True
+    probe_concurrency: int | None = Field(default=4, ge=1)
     user_wait_s: float = Field(default=60.0, gt=0)
     judge_url: str = ""
     judge_model: str = ""

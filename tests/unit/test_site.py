@@ -58,6 +58,9 @@ def test_names_become_the_spec_with_the_route_defaults(tmp_path: Path) -> None:
     assert spec.gate_policy == site.policies["strict"] and spec.plan == site.plans["ladder"]
     assert spec.route == "chat" and spec.approval == "auto" and spec.created_by == "ana"
     assert spec.worker_url == "http://gpu-1:9000" and spec.records_sink == "s3://records/prod"
+    assert spec.probe_concurrency == 4
+    paced = load_site(write_site(tmp_path, site_json(probe_concurrency=8)))
+    assert promotion_spec(paced, "chat", "improved").probe_concurrency == 8
 
 
 def test_a_named_policy_and_plan_and_a_digest_candidate(tmp_path: Path) -> None:
