@@ -53,16 +53,16 @@ def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp
     assert min(counts.values()) > 0, counts
 
 
-def test_a_slower_revision_is_never_promoted(zoo_dir: Path, tmp_path: Path) -> None:
-    # Which gate stops it depends on the load: on two shared cores the flow's probes batch up on stable while
-    # the bounded mirror keeps the shadow lightly loaded, so shadow latency can even favour the slow revision;
-    # it is then stopped in the canary. What holds whatever the load: it never takes stable's place.
+def test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate(zoo_dir: Path, tmp_path: Path) -> None:
     history, client = demo(zoo_dir, tmp_path / "demo", "slow", 3)
     stable = history[0].stable.fingerprint
     assert all(snapshot.stable.fingerprint == stable for snapshot in history)
     assert history[-1].candidate is None and history[-1].shadow is None
     name, report = last_report(client, tmp_path)
-    assert report["outcome"] != "pass", (name, report["gates"])
+    failed = {gate["gate"] for gate in report["gates"] if gate["outcome"] == "fail"}
+    timing = {"latency-paired-tpot", "latency-paired-e2e", "latency-tpot", "slo-*"}
+    assert report["outcome"] == "fail" and failed & timing, (name, report["gates"])
+    assert not failed - timing, failed  # the same answers: no quality or error gate may fail it
     counts = evidence_counts(report)  # mirrored users' copies may be dropped: the slow shadow cannot take them all
     assert counts["stable_users"] + counts["stable_probes"] > 0, counts
     assert counts["candidate_users"] + counts["candidate_probes"] > 0, counts
