@@ -1,24 +1,29 @@
 """A whole rollout asked for by name and run by a Prefect worker: ``revgate promote ROUTE CANDIDATE``
 submits a run of the promote-revision deployment, the worker's run reads the site configuration,
 loads the candidate on a worker agent running vLLM on the CPU, moves half the traffic through a
-router, bakes, and promotes; users' traffic flows through the router the whole time.
+router, pauses for a release manager's approval (the command points at the form), bakes, and
+promotes; users' traffic flows through the router the whole time.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
 from flows.site import ROUTE_ONLY, RouteSite
-from manifests.rollout import Bake, RolloutPlan, SetWeight
-from tests.integration.rollout_estate import Rollout, estate, rollout
+from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
+from tests.integration.rollout_estate import Rollout, estate, rollout, wait_until
 from tests.integration.test_deployments import ROOT, deployed, revgate_env
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
+
+PAUSED = re.compile(r"approve or reject at \S+/runs/flow-run/([0-9a-f-]{36})")
 
 
 def site_of(handle: Rollout, path: Path) -> Path:
@@ -34,22 +39,35 @@ def site_of(handle: Rollout, path: Path) -> Path:
 
 
 @pytest.mark.timeout(900)
-def test_a_rollout_asked_for_by_name_is_promoted_by_the_worker(
+def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_worker(
     zoo_dir: Path, prefect_api: str, tmp_path: Path
 ) -> None:
-    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=5)], lease_seconds=20,
+    from prefect.flow_runs import resume_flow_run
+
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Approve(), Bake(seconds=5)], lease_seconds=20,
                              lease_renew_seconds=2, rollback_window_seconds=0)
     with estate(zoo_dir, prefect_api, tmp_path / "estate") as parts, \
             rollout(parts, tmp_path / "route", "deployed", plan, rate=0.5) as handle:
         stable = handle.current().stable.fingerprint
         env = revgate_env(prefect_api, site_of(handle, tmp_path / "site.json"))
-        with deployed(env, tmp_path):
-            done = subprocess.run([sys.executable, "-m", "cli.main", "promote", "deployed", "improved",
-                                   "--approval", "auto", "--requested-by", "ana"],
-                                  cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=720)
-        print(done.stdout, done.stderr[-3000:])
-        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-        assert "Completed: decision: promoted" in done.stdout and done.stdout.rstrip().endswith("decision: promoted")
+        output = tmp_path / "promote.out"
+        with deployed(env, tmp_path), output.open("w") as sink:
+            command = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", "deployed", "improved",
+                                        "--requested-by", "ana"], cwd=ROOT, env=env, stdout=sink,
+                                       stderr=subprocess.STDOUT, text=True)
+            try:
+                form = wait_until(lambda: PAUSED.search(output.read_text()), 600, "the run paused for approval")
+                assert handle.current().candidate is not None  # the canary serves while the form waits
+                resume_flow_run(UUID(form.group(1)), run_input={"approver": "rm", "approve": True,
+                                                                "evidence_digest": "", "comment": "looks right"})
+                assert command.wait(300) == 0, output.read_text()
+            finally:
+                if command.poll() is None:
+                    command.kill()
+        printed = output.read_text()
+        print(printed)
+        assert "Paused" in printed and "Completed: decision: promoted" in printed
+        assert printed.rstrip().endswith("decision: promoted")
         promoted = handle.current()
         assert promoted.stable.fingerprint != stable and promoted.candidate is None
         assert promoted.created_by == "ana"
