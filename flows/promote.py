@@ -103,9 +103,9 @@ def capacity_task(spec: PromotionSpec, stable: str) -> dict[str, Any]:
 
 
 @task(name="start-candidate")
-def start_task(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, Any]:
-    """Ask the worker for the candidate's replica (it verifies again where it loads)."""
-    return steps.start_candidate(spec, revision)
+def start_task(spec: PromotionSpec, revision: ServiceRevision) -> list[dict[str, Any]]:
+    """Ask the fleet's workers for the candidate's replicas (each verifies again where it loads)."""
+    return steps.start_candidates(spec, revision)
 
 
 @task(name="load-and-warm")
@@ -281,6 +281,15 @@ class Promotion:
         proposed = self.owner.commit(change)
         if proposed is not None:
             self.ledger.log_document(self.run, f"route-generation-{proposed.generation:06d}", proposed)
+            self.await_routers(proposed.generation)
+
+    def await_routers(self, generation: int) -> None:
+        """A step counts as applied once every router serves its generation; a router behind stops the rollout."""
+        try:
+            served = steps.await_routers(self.spec, generation)
+        except steps.RoutersBehind as behind:
+            raise RolloutStopped(behind.what, where=behind.where, fix=behind.fix) from None
+        self.ledger.log_json(self.run, f"routers-generation-{generation:06d}", {"served": served})
 
     def _raises_candidate_traffic(self, current: RouteSnapshot) -> bool:
         if self.state.status in TERMINAL:
@@ -459,6 +468,11 @@ def promote_revision(spec: PromotionSpec) -> str:
         return Rollout(spec, lock).run()
 
 
+def replica_key(view: dict[str, Any]) -> steps.ReplicaKey:
+    """A replica's key in the fleet: its worker agent and its id there."""
+    return str(view["worker_url"]).rstrip("/"), str(view["replica_id"])
+
+
 class Rollout:
     """One run of the flow: its evidence run, the replicas it started or retired, and the cleanup that always runs."""
 
@@ -468,8 +482,8 @@ class Rollout:
         self.ledger = EvidenceLedger(spec.tracking_uri, Path(spec.evidence_root) / "mlflow-artifacts")
         self.driver: Promotion | None = None
         self.heartbeat: Heartbeat | None = None
-        self.started: dict[str, str] = {}  # replica id -> endpoint: the candidate this rollout started
-        self.retired: dict[str, str] = {}  # the old stable's replicas, once the promotion took them off the route
+        self.started: dict[steps.ReplicaKey, str] = {}  # (worker, replica) -> endpoint: the candidate's replicas
+        self.retired: dict[steps.ReplicaKey, str] = {}  # the old stable's replicas, once the promotion retired them
         self.candidate = ""
         self.windowing = False
 
@@ -508,16 +522,18 @@ class Rollout:
         spec, ledger = self.spec, self.ledger
         ledger.log_step(run, "verify", "pass", verify_task(spec, revision))
         ledger.log_json(run, "capacity-00", capacity_task(spec, steps.current_route(spec).stable.fingerprint))
-        replica = start_task(spec, revision)
-        self.started[str(replica["replica_id"])] = str(replica.get("endpoint", "")).rstrip("/")
-        view = load_task(spec, replica)
-        self.started[str(view["replica_id"])] = str(view["endpoint"]).rstrip("/")
-        ledger.log_step(run, "load", "ready", {k: float(v) for k, v in view.get("timings_s", {}).items()})
-        ledger.log_step(run, "isolated-check", "pass", isolated_task(view))
-        driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(view, revision))
+        replicas = start_task(spec, revision)
+        self.started.update((replica_key(r), str(r.get("endpoint", "")).rstrip("/")) for r in replicas)
+        views = [load_task(spec, replica) for replica in replicas]  # they load in parallel, on their own agents
+        self.started.update((replica_key(v), str(v["endpoint"]).rstrip("/")) for v in views)
+        for view in views:
+            timings = {k: float(v) for k, v in view.get("timings_s", {}).items()}
+            ledger.log_step(run, "load", "ready", {**timings, "replicas": float(len(views))})
+            ledger.log_step(run, "isolated-check", "pass", isolated_task(view))
+        driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(views, revision))
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
                                    period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
-                                   watches=[partial(steps.replica_fault, spec, str(view["replica_id"]))])
+                                   watches=[partial(steps.replica_fault, spec, replica_key(v)) for v in views])
         self.heartbeat.__enter__()
         if driver.run_plan().status != "promoted":
             return
@@ -587,13 +603,13 @@ class Rollout:
             wait_s = min((end - datetime.now(UTC)).total_seconds(), float(self.spec.plan.lease_seconds))
             time.sleep(max(0.0, wait_s) + 1)
         now = datetime.now(UTC)
-        for replica_id, url in replicas.items():
+        for key, url in replicas.items():
             # A replica with no endpoint yet never took traffic.
             if url and route is not None and not drainable(route, [url], now):
                 continue
-            if route is None and replica_id in self.retired:
+            if route is None and key in self.retired:
                 continue  # route unknown: never drain what may be stable
             try:
-                steps.drain_replica(self.spec, replica_id)
+                steps.drain_replica(self.spec, key)
             except Exception:
-                log.exception("could not drain replica %s", replica_id)
+                log.exception("could not drain replica %s on %s", key[1], key[0])

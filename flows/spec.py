@@ -30,9 +30,17 @@ class PromotionSpec(BaseModel):
     gate_policy: GatePolicy
     plan: RolloutPlan = default_plan()
     worker_url: str
+    more_workers: tuple[str, ...] = Field(
+        default=(), description="the rest of the fleet: more worker agents (one per host, each its own failure "
+        "domain) the candidate's replicas are spread over, with worker_url; they share worker_token_file")
     worker_token_file: str
     router_url: str
     router_admin_url: str
+    more_routers: tuple[str, ...] = Field(
+        default=(), description="admin URLs of the route's other routers (one token file for all): each is told "
+        "of every new generation, and a step counts as applied once every router serves it")
+    router_sync_s: float = Field(default=30.0, gt=0, description="the longest wait for every router to serve "
+                                 "a new generation; a router still behind then stops the rollout")
     router_admin_token_file: str
     records_sink: str = Field(default="", description="the routers' record sink (a folder or s3://BUCKET/PREFIX): "
                               "the gates read every router's records of the stage from it")
@@ -61,6 +69,14 @@ class PromotionSpec(BaseModel):
     )
     approval_timeout_s: int = Field(default=3600, ge=10)
     created_by: str = "revgate promote_revision"
+
+    def workers(self) -> tuple[str, ...]:
+        """Every worker agent of the fleet, worker_url first, each once."""
+        return tuple(dict.fromkeys(url.rstrip("/") for url in (self.worker_url, *self.more_workers)))
+
+    def routers(self) -> tuple[str, ...]:
+        """Every router's admin URL, router_admin_url first, each once."""
+        return tuple(dict.fromkeys(url.rstrip("/") for url in (self.router_admin_url, *self.more_routers)))
 
     @model_validator(mode="after")
     def _evidence_source(self) -> PromotionSpec:

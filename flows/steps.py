@@ -18,6 +18,7 @@ from manifests.errors import RevgateError
 from manifests.revision import ServiceRevision
 from manifests.route import RevisionTarget, RouteSnapshot
 from promotion.capacity import CapacityCheck, check_capacity, observed_demand, revisions_from_report
+from promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
 from registry.route_store import open_route_store
 from registry.runtime import engine_runtime
 from registry.store import open_store
@@ -28,6 +29,13 @@ from serving.worker.request import ReplicaRequest
 
 class PromotionRefused(RevgateError):
     """A precondition of the promotion does not hold; nothing was loaded and no traffic moved."""
+
+
+class RoutersBehind(RevgateError):
+    """A committed generation is not served by every router within the spec's wait."""
+
+
+ReplicaKey = tuple[str, str]  # (worker agent URL, replica id): ids are only unique on their own agent
 
 
 def pin(spec: PromotionSpec) -> ServiceRevision:
@@ -64,9 +72,14 @@ def current_route(spec: PromotionSpec) -> RouteSnapshot:
     return snapshot
 
 
-def worker(spec: PromotionSpec) -> WorkerClient:
-    """A client for the spec's worker agent."""
-    return WorkerClient(spec.worker_url, Path(spec.worker_token_file).read_text(encoding="utf-8").strip())
+def worker(spec: PromotionSpec, url: str | None = None) -> WorkerClient:
+    """A client for one worker agent of the fleet (default: the spec's first)."""
+    return WorkerClient(url or spec.worker_url, Path(spec.worker_token_file).read_text(encoding="utf-8").strip())
+
+
+def fleet(spec: PromotionSpec) -> list[WorkerClient]:
+    """Clients for every worker agent of the spec."""
+    return [worker(spec, url) for url in spec.workers()]
 
 
 def observed_demand_rps(spec: PromotionSpec, window_s: float = 30.0) -> float:
@@ -78,9 +91,10 @@ def observed_demand_rps(spec: PromotionSpec, window_s: float = 30.0) -> float:
 
 
 def capacity(spec: PromotionSpec, shares: dict[str, float]) -> CapacityCheck:
-    """The capacity rule for ``shares`` (revision -> fraction of traffic) on the worker's ready replicas."""
-    return check_capacity(shares, revisions_from_report(worker(spec).capacity()),
-                          demand_rps=observed_demand_rps(spec), target_utilisation=float(spec.plan.target_utilisation))
+    """The capacity rule for ``shares`` (revision -> fraction of traffic) on the fleet's ready replicas."""
+    ready = merge_capacity([revisions_from_report(client.capacity()) for client in fleet(spec)])
+    return check_capacity(shares, ready, demand_rps=observed_demand_rps(spec),
+                          target_utilisation=float(spec.plan.target_utilisation))
 
 
 def check_stable_capacity(spec: PromotionSpec, stable: str) -> dict[str, Any]:
@@ -88,7 +102,7 @@ def check_stable_capacity(spec: PromotionSpec, stable: str) -> dict[str, Any]:
     check = capacity(spec, {stable: 1.0})
     if not check.ok:
         raise PromotionRefused(
-            f"stable cannot carry the route's traffic on {spec.worker_url}: {check.reason}",
+            f"stable cannot carry the route's traffic on {', '.join(spec.workers())}: {check.reason}",
             where="capacity", fix="Restore stable capacity before starting a rollout.",
         )
     return check.evidence()
@@ -108,15 +122,20 @@ def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: floa
     return view
 
 
-def start_candidate(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, Any]:
-    """Ask the spec's worker for the candidate's replica; its view in state ``created``."""
-    return worker(spec).start(replica_request(spec, revision))
+def start_candidates(spec: PromotionSpec, revision: ServiceRevision) -> list[dict[str, Any]]:
+    """Start the plan's candidate replicas, spread over the fleet's agents; their views (state ``created``),
+    each with the ``worker_url`` it runs on. They load in parallel, each on its own agent."""
+    clients = fleet(spec)
+    agents = [AgentSlots(client.url, int(client.capacity().get("free_slots", 0))) for client in clients]
+    request = replica_request(spec, revision)
+    return [{**worker(spec, url).start(request), "worker_url": url}
+            for url in place_replicas(agents, spec.plan.candidate_replicas)]
 
 
 def wait_ready(spec: PromotionSpec, replica: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
-    """The started replica's view once ready, else PromotionRefused with the worker's reason."""
-    client = worker(spec)
-    view = client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s)
+    """The started replica's view once ready (with its ``worker_url``), else PromotionRefused with the reason."""
+    client = worker(spec, replica.get("worker_url"))
+    view = {**client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s), "worker_url": client.url}
     if view.get("state") != "ready":
         failure = view.get("failure") or {}
         reason = f"{failure.get('error', '')} {failure.get('message', '')}".strip()
@@ -149,56 +168,92 @@ def isolated_check(endpoint: str, model: str) -> dict[str, float]:
     return {"isolated_check_s": time.monotonic() - started}
 
 
-def candidate_target(view: dict[str, Any], revision: ServiceRevision) -> RevisionTarget:
-    """The route target for a ready replica view."""
-    return RevisionTarget(
-        fingerprint=revision.fingerprint, endpoints=(str(view["endpoint"]),), served_model=str(view["served_model"])
+def candidate_target(views: list[dict[str, Any]], revision: ServiceRevision) -> RevisionTarget:
+    """The route target for the candidate's ready replica views: every one of their endpoints."""
+    return RevisionTarget(fingerprint=revision.fingerprint, endpoints=tuple(str(view["endpoint"]) for view in views),
+                          served_model=str(views[0]["served_model"]))
+
+
+def _router_call(spec: PromotionSpec, admin_url: str, path: str, method: str) -> dict[str, Any] | None:
+    """One admin call to a router; None when it does not answer."""
+    token = Path(spec.router_admin_token_file).read_text(encoding="utf-8").strip()
+    request = urllib.request.Request(  # noqa: S310 - the router's admin port
+        f"{admin_url}{path}", data=b"" if method == "POST" else None, method=method,
+        headers={"Authorization": f"Bearer {token}"},
     )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+    except (OSError, ValueError):
+        return None
 
 
 def commit_route(spec: PromotionSpec, snapshot: RouteSnapshot) -> None:
-    """Compare-and-swap the snapshot into the store, then tell the router to read it now."""
+    """Compare-and-swap the snapshot into the store, then tell every router to read it now.
+
+    A router that misses the notify still polls the store; :func:`await_routers` waits for it.
+    """
     open_route_store(spec.route_store).write(snapshot)
-    token = Path(spec.router_admin_token_file).read_text(encoding="utf-8").strip()
-    request = urllib.request.Request(  # noqa: S310 - the router's admin port
-        f"{spec.router_admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"}, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10):  # noqa: S310
-            pass
-    except OSError:
-        pass  # the router also polls the store; a missed notify only delays the swap by one poll
+    for admin_url in spec.routers():
+        _router_call(spec, admin_url, "/admin/notify", "POST")
+
+
+def served_generations(spec: PromotionSpec) -> dict[str, int | None]:
+    """The generation each router serves now (None: it does not answer)."""
+    served: dict[str, int | None] = {}
+    for admin_url in spec.routers():
+        health = _router_call(spec, admin_url, "/admin/health", "GET")
+        served[admin_url] = int(health["generation"]) if health and "generation" in health else None
+    return served
+
+
+def await_routers(spec: PromotionSpec, generation: int) -> dict[str, int | None]:
+    """Wait until every router serves ``generation`` (or later); RoutersBehind after ``router_sync_s``."""
+    deadline = time.monotonic() + spec.router_sync_s
+    while behind := routers_behind(served := served_generations(spec), generation):
+        if time.monotonic() >= deadline:
+            named = ", ".join(f"{url} serves {seen if seen is not None else 'nothing (no answer)'}"
+                              for url, seen in behind.items())
+            raise RoutersBehind(f"generation {generation} of route {spec.route!r} is not served by every router: "
+                                f"{named}", where="route routers",
+                                fix="Check those routers' store access and logs; the rollout stops here.")
+        time.sleep(0.25)
+    return served
 
 
 LIVE = frozenset({"created", "loading", "warming", "ready"})
 
 
-def replicas_serving(spec: PromotionSpec, endpoints: tuple[str, ...]) -> dict[str, str]:
-    """Live replicas on the worker behind ``endpoints``: replica id -> endpoint."""
+def replicas_serving(spec: PromotionSpec, endpoints: tuple[str, ...]) -> dict[ReplicaKey, str]:
+    """Live replicas on the fleet behind ``endpoints``: (worker, replica id) -> endpoint."""
     wanted = {url.rstrip("/") for url in endpoints}
-    return {str(r["replica_id"]): str(r["endpoint"]).rstrip("/") for r in worker(spec).replicas()
+    return {(client.url, str(r["replica_id"])): str(r["endpoint"]).rstrip("/")
+            for client in fleet(spec) for r in client.replicas()
             if r.get("state") in LIVE and str(r.get("endpoint", "")).rstrip("/") in wanted}
 
 
-def drain_replica(spec: PromotionSpec, replica_id: str, grace_s: float = 30) -> bool:
-    """Drain one replica by id (a replica already gone is fine); whether a drain was started."""
-    client = worker(spec)
-    if client.replica(replica_id).get("state") not in LIVE:
+def drain_replica(spec: PromotionSpec, key: ReplicaKey, grace_s: float = 30) -> bool:
+    """Drain one replica on its worker (a replica already gone is fine); whether a drain was started."""
+    client = worker(spec, key[0])
+    if client.replica(key[1]).get("state") not in LIVE:
         return False
-    client.drain(replica_id, grace_s)
+    client.drain(key[1], grace_s)
     return True
 
 
-def replica_fault(spec: PromotionSpec, replica_id: str) -> str | None:
-    """Why the rollout's candidate replica can no longer serve (failed, terminated), or None while it is ready.
+def replica_fault(spec: PromotionSpec, key: ReplicaKey) -> str | None:
+    """Why one of the rollout's candidate replicas can no longer serve (failed, terminated), or None while ready.
 
     A worker that cannot be asked is no verdict: the next look asks again.
     """
+    worker_url, replica_id = key
     try:
-        view = worker(spec).replica(replica_id)
+        view = worker(spec, worker_url).replica(replica_id)
     except (OSError, RevgateError):
         return None
     if view.get("state") in ("ready",):
         return None
     failure = view.get("failure") or {}
-    return f"candidate replica {replica_id} is {view.get('state')}: {failure.get('message', '')}".strip(": ")
+    where = f" on {worker_url}" if worker_url != spec.worker_url.rstrip("/") else ""
+    return f"candidate replica {replica_id}{where} is {view.get('state')}: {failure.get('message', '')}".strip(": ")

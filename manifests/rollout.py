@@ -91,6 +91,8 @@ class RolloutPlan(Document):
     # Empty: anyone who can reach the approval form may answer. An answer from anyone else, approval
     # or rejection, decides nothing: it is kept in the evidence and the form is asked again.
     approvers: tuple[str, ...] = ()
+    # How many replicas of the candidate to start, spread over the spec's worker agents (one host each).
+    candidate_replicas: Annotated[int, Field(ge=1)] = 1
 
     @property
     def renew_every_s(self) -> float:

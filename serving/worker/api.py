@@ -108,7 +108,8 @@ class ControlApp:
         parts = path.strip("/").split("/")
         action = (method, *parts[:2], *(["{id}"] if len(parts) > 2 else []), *parts[3:])
         if action == ("GET", "v1", "capacity"):
-            return 200, capacity_report(self.agent.replicas())
+            return 200, capacity_report(self.agent.replicas(), device=self.agent.device,
+                                        slots=len(self.agent.slots))
         if action == ("GET", "v1", "replicas"):
             return 200, {"replicas": [self._view(replica.replica_id) for replica in self.agent.replicas()]}
         if action == ("POST", "v1", "replicas"):

@@ -31,21 +31,24 @@ def _empty_revision_entry() -> dict[str, Any]:
     return entry
 
 
-def capacity_report(replicas: Iterable[Replica]) -> dict[str, Any]:
-    """Ready replicas per revision with their summed measured capacity.
+def capacity_report(replicas: Iterable[Replica], *, device: str = "cpu", slots: int = 0) -> dict[str, Any]:
+    """Ready replicas per revision with their summed measured capacity, and the host's room for more.
 
     Loading, warming and draining replicas are listed by id under their state but add nothing to
     ``ready_replicas`` or the capacity figures: a controller must not route to capacity that is
-    still coming or already leaving. Failed and terminated replicas are left out.
+    still coming or already leaving. Failed and terminated replicas are left out. ``free_slots``
+    is how many more replicas get a slot of their own (see serving.worker.cores): placement reads it.
     """
     revisions: dict[str, dict[str, Any]] = {}
+    live = 0
     for replica in replicas:
         if replica.state in (ReplicaState.FAILED, ReplicaState.TERMINATED):
             continue
+        live += replica.state is not ReplicaState.DRAINING
         entry = revisions.setdefault(replica.revision, _empty_revision_entry())
         entry[str(replica.state)].append(replica.replica_id)
         if replica.is_ready and replica.capacity is not None:
             entry["ready_replicas"] += 1
             entry["requests_per_s"] += replica.capacity.requests_per_s
             entry["output_tokens_per_s"] += replica.capacity.output_tokens_per_s
-    return {"revisions": revisions}
+    return {"revisions": revisions, "device": device, "slots": slots, "free_slots": max(0, slots - live)}

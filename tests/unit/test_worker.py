@@ -257,6 +257,10 @@ def test_capacity_counts_only_ready_replicas_and_lists_the_rest() -> None:
     assert report["rev-a"]["output_tokens_per_s"] == 240.0
     assert (report["rev-a"]["warming"], report["rev-a"]["draining"]) == (["a-3"], ["a-4"])
     assert report["rev-b"]["ready_replicas"] == 0 and report["rev-b"]["loading"] == ["b-1"]
+    # Room for more: live replicas (ready, warming, loading) take a slot; draining, failed and ended ones do not.
+    room = capacity_report(replicas, device="cpu", slots=6)
+    assert (room["device"], room["slots"], room["free_slots"]) == ("cpu", 6, 2)
+    assert capacity_report(replicas, slots=2)["free_slots"] == 0
 
 
 # ----- served name and engine command
@@ -342,7 +346,9 @@ def test_control_api_names_bad_requests_and_unknown_replicas(tmp_path: Path) -> 
     assert status == 400 and answer["error"]["type"] == "ManifestInvalid" and "revision" in answer["error"]["message"]
     status, answer = call_api(app, "GET", "/v1/replicas/nope-1", token)
     assert status == 404 and answer["error"]["type"] == "UnknownReplica"
-    assert call_api(app, "GET", "/v1/capacity", token) == (200, {"revisions": {}})
+    slots = len(split_cores(sorted(os.sched_getaffinity(0)), 2))
+    assert call_api(app, "GET", "/v1/capacity", token) == (
+        200, {"revisions": {}, "device": "cpu", "slots": slots, "free_slots": slots})
     assert call_api(app, "DELETE", "/v1/replicas", token)[0] == 404
 
 
