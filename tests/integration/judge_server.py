@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from evaluation.reference_task import is_correct, reference_answer
+from tests.integration.s3_proxy import serving
 
 Reply = Callable[[str], dict[str, Any]]
 PAIRWISE = re.compile(
@@ -42,14 +42,8 @@ def judge_server(reply: Reply, asked: list[dict[str, Any]] | None = None) -> Ite
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url + "/v1"
 
 
 def prefer_correct(solve: Callable[[str], str], right: Callable[[str, str], bool]) -> Reply:

@@ -51,9 +51,9 @@ def _handler(upstream: str) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def ignoring_conditions(upstream: str) -> Iterator[str]:
-    """The URL of a proxy to ``upstream`` that strips If-Match and If-None-Match from every request."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(upstream))
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served from a thread on a free loopback port, for as long as the block runs; its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -62,3 +62,10 @@ def ignoring_conditions(upstream: str) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@contextmanager
+def ignoring_conditions(upstream: str) -> Iterator[str]:
+    """The URL of a proxy to ``upstream`` that strips If-Match and If-None-Match from every request."""
+    with serving(_handler(upstream)) as url:
+        yield url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -82,15 +83,22 @@ def gather(into: list[Any], items: Iterable[Any]) -> list[Any]:
     return into
 
 
+@contextlib.contextmanager
+def two_routers(folder: Path, first: Any, url: str) -> Iterator[tuple[RouterProcess, RouterProcess]]:
+    """Two routers (``host-a``, ``host-b``) serving ``first``, both writing to the sink at ``url``."""
+    (folder / "a").mkdir()
+    (folder / "b").mkdir()
+    with router_process(folder / "a", ROUTE, first, extra=sink_flags(url, "host-a")) as one, \
+            router_process(folder / "b", ROUTE, first, extra=sink_flags(url, "host-b")) as two:
+        yield one, two
+
+
 def test_two_routers_feed_one_prefix_and_reading_is_incremental(
     farm: UpstreamFarm, s3_endpoint: str, tmp_path: Path
 ) -> None:
     url = bucket_url(s3_endpoint)
     first = snapshot(ROUTE, 1, [farm["a1"]], shadow=[farm["s1"]], sample_ppm=1_000_000)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    with router_process(tmp_path / "a", ROUTE, first, extra=sink_flags(url, "host-a")) as one, \
-            router_process(tmp_path / "b", ROUTE, first, extra=sink_flags(url, "host-b")) as two:
+    with two_routers(tmp_path, first, url) as (one, two):
         for number in range(5):
             complete(one, f"a{number}", **{"x-revgate-task": "sql"})
         for number in range(3):
@@ -128,10 +136,7 @@ def test_two_routers_feeding_one_canary_stage_give_one_report_that_counts_both(
     url = bucket_url(s3_endpoint)
     since = time.time()
     first = snapshot(ROUTE, 1, [farm["a1"]], candidate=[farm["s1"]], weight_ppm=500_000)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    with router_process(tmp_path / "a", ROUTE, first, extra=sink_flags(url, "host-a")) as one, \
-            router_process(tmp_path / "b", ROUTE, first, extra=sink_flags(url, "host-b")) as two:
+    with two_routers(tmp_path, first, url) as (one, two):
         for number in range(60):
             complete(one, f"a{number}", **{"x-session-id": f"a{number}"})
             complete(two, f"b{number}", **{"x-session-id": f"b{number}"})
