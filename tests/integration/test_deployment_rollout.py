@@ -2,7 +2,8 @@
 submits a run of the promote-revision deployment, the worker's run reads the site configuration,
 loads the candidate on a worker agent running vLLM on the CPU, moves half the traffic through a
 router, pauses for a release manager's approval (the command points at the form), bakes, and
-promotes; users' traffic flows through the router the whole time.
+promotes; users' traffic flows through the router the whole time. And two routes, each with its own
+router and stable replica, rolled out at the same time by one worker.
 """
 
 from __future__ import annotations
@@ -11,31 +12,47 @@ import json
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID
 
 import pytest
 
 from flows.site import ROUTE_ONLY, RouteSite
+from flows.steps import start_replica
 from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
-from tests.integration.rollout_estate import Rollout, estate, rollout, wait_until
-from tests.integration.test_deployments import ROOT, deployed, revgate_env
+from manifests.route import RevisionTarget
+from manifests.route_change import successor
+from serving.worker.request import ReplicaRequest
+from tests.integration.rollout_estate import WARM, Estate, Rollout, estate, rollout, wait_until
+from tests.integration.test_deployments import ROOT, deployed, revgate_env, run_span
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
 PAUSED = re.compile(r"approve or reject at \S+/runs/flow-run/([0-9a-f-]{36})")
 
 
-def site_of(handle: Rollout, path: Path) -> Path:
-    """The site configuration for the rollout's route: its parts, its policy and plan by name, the candidate."""
-    spec = handle.spec
-    settings = spec.model_dump(mode="json", include=set(RouteSite.model_fields) - ROUTE_ONLY)
-    route = {**settings, "policy": "demo", "plan": "half-then-promote",
-             "candidates": {"improved": spec.candidate_manifest}}
-    document = {"routes": {handle.route: route}, "policies": {"demo": spec.gate_policy.model_dump(mode="json")},
-                "plans": {"half-then-promote": spec.plan.model_dump(mode="json")}}
-    path.write_text(json.dumps(document, indent=1), encoding="utf-8")
+def site_of(handles: list[Rollout], path: Path) -> Path:
+    """The site configuration for the rollouts' routes: their parts, policy and plan by name, the candidate."""
+    routes, policies, plans = {}, {}, {}
+    for handle in handles:
+        spec = handle.spec
+        settings = spec.model_dump(mode="json", include=set(RouteSite.model_fields) - ROUTE_ONLY)
+        routes[handle.route] = {**settings, "policy": "demo", "plan": f"{handle.route}-plan",
+                                "candidates": {"improved": spec.candidate_manifest}}
+        policies["demo"] = spec.gate_policy.model_dump(mode="json")
+        plans[f"{handle.route}-plan"] = spec.plan.model_dump(mode="json")
+    path.write_text(json.dumps({"routes": routes, "policies": policies, "plans": plans}, indent=1), encoding="utf-8")
     return path
+
+
+def own_stable(parts: Estate, handle: Rollout) -> None:
+    """Give the route a stable replica of its own (a promotion drains its old stable's replicas)."""
+    view = start_replica(parts.client, ReplicaRequest(revision=parts.revision("stable"), store=parts.store,
+                                                      signature_policy=parts.policy, warm=WARM))
+    target = RevisionTarget(fingerprint=parts.revision("stable").fingerprint, endpoints=(str(view["endpoint"]),),
+                            served_model=str(view["served_model"]))
+    handle.store.write(successor(handle.current(), by="seed", now=datetime.now(UTC), stable=target))
 
 
 @pytest.mark.timeout(900)
@@ -49,7 +66,7 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
     with estate(zoo_dir, prefect_api, tmp_path / "estate") as parts, \
             rollout(parts, tmp_path / "route", "deployed", plan, rate=0.5) as handle:
         stable = handle.current().stable.fingerprint
-        env = revgate_env(prefect_api, site_of(handle, tmp_path / "site.json"))
+        env = revgate_env(prefect_api, site_of([handle], tmp_path / "site.json"))
         output = tmp_path / "promote.out"
         with deployed(env, tmp_path), output.open("w") as sink:
             command = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", "deployed", "improved",
@@ -73,3 +90,28 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
         assert promoted.created_by == "ana"
         assert handle.traffic.failed() == []
         assert handle.traffic.served_by(promoted.stable.fingerprint)
+
+
+@pytest.mark.timeout(900)
+def test_two_routes_roll_out_at_the_same_time_on_one_worker(zoo_dir: Path, prefect_api: str, tmp_path: Path) -> None:
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=5)], lease_seconds=20,
+                             lease_renew_seconds=2, rollback_window_seconds=0)
+    with estate(zoo_dir, prefect_api, tmp_path / "estate") as parts, \
+            rollout(parts, tmp_path / "left", "left", plan, rate=0.5) as left, \
+            rollout(parts, tmp_path / "right", "right", plan, rate=0.5) as right:
+        own_stable(parts, right)
+        stables = {handle.route: handle.current().stable.fingerprint for handle in (left, right)}
+        env = revgate_env(prefect_api, site_of([left, right], tmp_path / "site.json"))
+        with deployed(env, tmp_path):
+            commands = [subprocess.Popen([sys.executable, "-m", "cli.main", "promote", route, "improved", "--approval",
+                                          "auto"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True) for route in ("left", "right")]
+            printed = [command.communicate(timeout=720)[0] for command in commands]
+        print(*printed, sep="\n")
+        assert [command.returncode for command in commands] == [0, 0], printed
+        (first, first_end), (second, second_end) = run_span(printed[0]), run_span(printed[1])
+        assert first < second_end and second < first_end  # both rollouts ran at the same time
+        for handle in (left, right):
+            promoted = handle.current()
+            assert promoted.stable.fingerprint != stables[handle.route] and promoted.candidate is None
+            assert handle.traffic.failed() == [], handle.traffic.failed()[:3]
