@@ -162,13 +162,14 @@ class Estate:
 
 
 @contextmanager
-def estate(zoo_dir: Path, prefect_api: str, root: Path) -> Iterator[Estate]:
-    """Publish the zoo's revisions signed, and run a worker agent for the block."""
+def estate(zoo_dir: Path, prefect_api: str, root: Path,
+           names: tuple[str, ...] = ("stable", "improved")) -> Iterator[Estate]:
+    """Publish the zoo's revisions ``names`` signed, and run a worker agent for the block."""
     key, public = signing_key(root / "keys")
     store = str(root / "artifacts")
     revisions = load_revisions(zoo_dir)
     digests = {name: publish(zoo_dir / revisions[name].path, store, key, root / "signatures")
-               for name in ("stable", "improved")}
+               for name in names}
     token = processes.token_file(root / "token")
     with processes.worker_agent(root / "worker", token) as worker_url:
         yield Estate(root, store, SignaturePolicySpec(kind="key", public_key=str(public)), digests, token,

@@ -1,0 +1,148 @@
+"""Gates on users' traffic alone: the flow sends no probes, and the stage's evidence is what the
+router wrote to the record sink while users' requests ran through it from another process.
+
+Real parts throughout: a worker agent with vLLM on the CPU, the router with its record sink, the
+promotion flow as `revgate promote` against the Prefect server, MLflow for the evidence. The judge
+of the shadow test is a scripted OpenAI-compatible server (the zoo's models are too small to
+judge): it works the reference task out from the user's prompt and prefers the right answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from evaluation import metrics
+from evaluation.reference_task import TASK_SLICES
+from evaluation.replay import replay
+from evaluation.traces import generate_trace
+from flows.demo import EXECUTION, user_traffic
+from flows.processes import router
+from flows.spec import PromotionSpec
+from manifests.gates import GatePolicy
+from manifests.rollout import Analyze, RolloutPlan, SetWeight, Shadow
+from manifests.route import RouteSnapshot
+from registry.route_store import open_route_store
+from tests.integration.gate_reports import evidence_counts, gate, last_report
+from tests.integration.judge_server import judge_server, reference_task_judge
+from tests.integration.rollout_estate import WARM, Estate, estate
+
+pytestmark = [pytest.mark.engine, pytest.mark.servers]
+
+SORT_LONG = {**{name: 0.0 for name in TASK_SLICES}, "sort/long": 1.0}  # users who only ask long sorts
+
+
+@pytest.fixture(scope="module")
+def live(zoo_dir: Path, prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Estate]:
+    with estate(zoo_dir, prefect_api, tmp_path_factory.mktemp("live"), ("stable", "slow", "slice-regressed")) as e:
+        yield e
+
+
+@dataclass
+class Ended:
+    """How a rollout ended: the command's exit and output, the route's history, its last gate report."""
+
+    code: int
+    output: str
+    history: list[RouteSnapshot]
+    report: dict[str, Any]
+
+
+def roll_out(live: Estate, folder: Path, route: str, candidate: str, *, plan: RolloutPlan, policy: GatePolicy,
+             rate: float, mix: dict[str, float] | None = None, judge_url: str = "") -> Ended:
+    """Run ``revgate promote`` for ``candidate`` with the probes off while users' traffic runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    routes, sink = str(folder / "routes"), str(folder / "records")
+    open_route_store(routes).write(RouteSnapshot(route=route, generation=1, stable=live.stable(), created_by="seed",
+                                                 created_at=datetime.now(UTC)))
+    tracking = f"sqlite:///{(folder / 'mlflow.db').resolve()}"
+    with (router(routes, route, folder / "router", live.token, sink=sink) as (public, admin),
+          user_traffic(public, folder / "users", rate, mix)):
+        spec = PromotionSpec(
+            route=route, candidate_manifest=live.digests[candidate], candidate_name=candidate,
+            artifact_store=live.store, route_store=routes, signature=live.policy, execution=EXECUTION, warm=WARM,
+            gate_policy=policy, plan=plan, worker_url=live.worker_url, worker_token_file=str(live.token),
+            router_url=public, router_admin_url=admin, router_admin_token_file=str(live.token), records_sink=sink,
+            router_records=str(folder / "router" / "records.jsonl"), trace=str(folder / "unused-trace.jsonl"),
+            probes=False, batch_size=20, user_wait_s=60, judge_url=judge_url, judge_model="judge-7b",
+            tracking_uri=tracking, evidence_root=str(folder / "evidence"), approval="auto",
+        )
+        spec_file = folder / "promotion.json"
+        spec_file.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        result = subprocess.run([sys.executable, "-m", "cli.main", "promote", str(spec_file)],
+                                env={**os.environ, "PREFECT_API_URL": live.prefect_api}, capture_output=True,
+                                text=True, timeout=900, check=False)
+    output = result.stdout[-4000:] + result.stderr[-4000:]
+    _, report = last_report(MlflowClient(tracking), folder, route)
+    return Ended(result.returncode, output, list(open_route_store(routes).history(route)), report)
+
+
+def stable_tpot_ms(live: Estate) -> float:
+    """Stable's median time per output token on long sorts, one request at a time, straight to its replica."""
+    target = live.stable()
+    trace = generate_trace(12, rate=1000.0, seed=5, mix=SORT_LONG, labelled_fraction=0.0)
+    result = asyncio.run(replay(trace, target.endpoints[0] + "/v1", target.served_model or "stable",
+                          max_in_flight=1))
+    return float(statistics.median(metrics.latencies_ms(result.records, "tpot")))
+
+
+def test_a_slow_canary_fails_its_slo_from_users_traffic_alone(live: Estate, tmp_path: Path) -> None:
+    # The SLO sits at twice stable's own time per token, measured here: `slow` needs about 3.5x.
+    target_ms = max(1, round(2 * stable_tpot_ms(live)))
+    policy = GatePolicy.build(slice_keys=["family", "length"], error_margin="0.02", min_samples_per_slice=30,
+                              max_samples_per_stage=160, look_every=40, latency_metrics=[],
+                              slo=[{"tpot_ms": target_ms, "attainment": "0.9"}])
+    plan = RolloutPlan(steps=(SetWeight(weight_ppm=500_000), Analyze(max_samples=400)), lease_seconds=600,
+                       rollback_window_seconds=5)
+    ended = roll_out(live, tmp_path, "live-canary", "slow", plan=plan, policy=policy, rate=2.0, mix=SORT_LONG)
+
+    assert ended.code != 0 and "decision: rolled_back" in ended.output, ended.output
+    stable = ended.history[0].stable.fingerprint
+    assert all(s.stable.fingerprint == stable for s in ended.history)
+    assert any(s.candidate is not None for s in ended.history) and ended.history[-1].candidate is None
+    slo = gate(ended.report, "slo-*")
+    assert ended.report["outcome"] == "fail" and slo["outcome"] == "fail", (slo, target_ms)
+    assert float(slo["numbers"]["attainment"]) < float(slo["numbers"]["stable_attainment"]), slo
+    counts = evidence_counts(ended.report)  # users' requests only, on both arms
+    assert counts["stable_probes"] == counts["candidate_probes"] == 0, counts
+    assert counts["candidate_users"] > 0 and counts["stable_users"] > 0, counts
+    # Side by side on one host, each engine computed on its own cores.
+    cores = {r["revision"]: tuple(r["cpu_cores"]) for r in live.client.replicas() if r["cpu_cores"]}
+    assert len(set(cores.values())) == len(cores) == 2, cores
+
+
+def test_a_slice_regression_fails_in_shadow_from_the_judge_on_users_prompts(live: Estate, tmp_path: Path) -> None:
+    asked: list[dict[str, Any]] = []
+    paired = {"quality_margin": "0.08", "latency_metrics": [], "max_pairs_per_stage": 160, "look_every": 40,
+              "graders": [{"name": "judge", "kind": "judge-pairwise", "rubric": "Prefer the answer that solves it."}]}
+    policy = GatePolicy.build(slice_keys=["family", "length"], min_samples_per_slice=30, max_samples_per_stage=160,
+                              look_every=40, latency_metrics=[], paired=paired)
+    plan = RolloutPlan(steps=(Shadow(sample_ppm=1_000_000), Analyze(max_samples=800)), lease_seconds=600,
+                       rollback_window_seconds=5)
+    with judge_server(reference_task_judge(), asked) as judge_url:
+        ended = roll_out(live, tmp_path, "live-shadow", "slice-regressed", plan=plan, policy=policy, rate=3.0,
+                         mix=SORT_LONG, judge_url=judge_url)
+
+    assert ended.code != 0 and "decision: rolled_back" in ended.output, ended.output
+    stable = ended.history[0].stable.fingerprint
+    assert all(s.stable.fingerprint == stable for s in ended.history)
+    assert any(s.shadow is not None for s in ended.history) and ended.history[-1].shadow is None
+    quality = gate(ended.report, "quality-paired")
+    failed = [s["slice"] for s in quality["slices"] if s["outcome"] == "fail"]
+    assert quality["outcome"] == "fail" and failed == ["judge/family=sort,length=long"], quality
+    counts = evidence_counts(ended.report)
+    assert counts["stable_probes"] == counts["candidate_probes"] == 0 and counts["candidate_users"] > 0, counts
+    # The judge read the users' own prompts, each pair asked twice with the answers swapped.
+    assert asked and all("Request:\nsort " in body["messages"][0]["content"] for body in asked)
+    assert len(asked) % 2 == 0
