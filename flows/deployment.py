@@ -73,10 +73,11 @@ def promote(  # noqa: PLR0917 - the Run form's fields, passed by name
         requested_by: Who asks for this rollout, for the audit trail.
     """
     logger = get_run_logger()
-    spec = promotion_spec(load_site(site_path()), route, candidate, policy=policy, plan=plan, approval=approval,
+    site = load_site(site_path())
+    spec = promotion_spec(site, route, candidate, policy=policy, plan=plan, approval=approval,
                           created_by=requester(requested_by))
     logger.info("route %s: candidate %s %s, policy %s, plan %s, approval %s", route, spec.candidate_manifest,
-                spec.candidate_name, policy or "(route default)", plan or "(route default)", approval)
+                spec.candidate_name, policy or site.routes[route].policy, plan or site.routes[route].plan, approval)
     check_candidate(spec)
     try:
         decision = promote_revision.fn(spec)
