@@ -105,18 +105,19 @@ def rollback(route: str, requested_by: str = "") -> str:
     store = open_route_store(settings.route_store)
     planned = rollback_snapshot(store.history(route), by=f"{requester(requested_by)} (rollback)", now=datetime.now(UTC))
     store.write(planned)
-    told = notify_router(settings)
-    summary = f"route {route}: generation {planned.generation}, stable {planned.stable.short}; router {told}"
+    told = "; ".join(f"router {url} {notify_router(settings, url)}"
+                     for url in dict.fromkeys((settings.router_admin_url, *settings.more_routers)))
+    summary = f"route {route}: generation {planned.generation}, stable {planned.stable.short}; {told}"
     logger.info("%s", summary)
     return summary
 
 
-def notify_router(settings: RouteSite, timeout_s: float = 5.0) -> str:
-    """Ask the route's router to re-read the route now; a router not told picks it up at its next poll."""
+def notify_router(settings: RouteSite, admin_url: str, timeout_s: float = 5.0) -> str:
+    """Ask one of the route's routers to re-read the route now; a router not told picks it up at its next poll."""
     try:  # the rollback is committed already: a router that cannot be told is reported, never an error
         token = Path(settings.router_admin_token_file).read_text(encoding="utf-8").strip()
         request = urllib.request.Request(  # noqa: S310 - the router's admin port
-            f"{settings.router_admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"},
+            f"{admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"},
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310

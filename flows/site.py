@@ -47,9 +47,12 @@ class RouteSite(BaseModel):
     route_store: str = Field(description="route store URL: a directory or s3://bucket/prefix")
     signature: SignaturePolicySpec = Field(description="who must have signed the candidate's artifact")
     worker_url: str = Field(description="the worker agent that runs the candidate's replica")
+    more_workers: tuple[str, ...] = Field(default=(), description="the fleet's other worker agents")
     worker_token_file: str
     router_url: str
     router_admin_url: str
+    more_routers: tuple[str, ...] = Field(default=(), description="admin URLs of the route's other routers")
+    router_sync_s: float = Field(default=30.0, gt=0)
     router_admin_token_file: str
     records_sink: str = ""
     paired_records: str = ""
