@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--approval", choices=("auto", "ui"), default="auto",
                         help="auto: approve without a human (demo); ui: pause for the Prefect UI's Resume form")
     parser.add_argument("--zoo-scale", type=float, default=1.0, help="shorten zoo training (quick trials only)")
+    parser.add_argument("--exit", action="store_true",
+                        help="stop everything right after the decision (scripts); by default the Prefect UI, the "
+                        "MLflow UI and the router with users' traffic stay up until Ctrl-C")
     parser.set_defaults(func=run_demo)
 
 
@@ -23,4 +26,5 @@ def run_demo(args: argparse.Namespace) -> int:
     """Build, sign, publish, serve, route and promote; see flows/demo.py."""
     from flows.demo import run_demo as demo
 
-    return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval, zoo_scale=args.zoo_scale)
+    return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval, zoo_scale=args.zoo_scale,
+                stay_up=not args.exit)

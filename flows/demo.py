@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -140,9 +142,14 @@ def route_stable(routes: str, target: RevisionTarget) -> None:
 
 
 def run_demo(
-    root: Path, zoo_dir: Path, candidate: str = "improved", approval: str = "auto", zoo_scale: float = 1.0
+    root: Path, zoo_dir: Path, candidate: str = "improved", approval: str = "auto", zoo_scale: float = 1.0,
+    *, stay_up: bool = False,
 ) -> int:
-    """Run the whole promotion; prints where to look at the evidence. Exit code 0 on a decision."""
+    """Run the whole promotion; prints where to look at the evidence. Exit code 0 when promoted.
+
+    With ``stay_up`` everything keeps running after the decision (the Prefect UI, the MLflow UI,
+    the router with users' traffic) until Ctrl-C or SIGTERM, so the three users can look.
+    """
     print(f"revgate demo: state in {root}")
     from zoo.build import make_zoo
     from zoo.recipe import default_zoo
@@ -195,8 +202,7 @@ def run_demo(
         spec_file.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
         how = "approval given automatically" if approval == "auto" else "approve it in the Prefect UI"
         print(f"running promote_revision ({how})")
-        result = subprocess.run([sys.executable, "-m", "cli.main", "promote", str(spec_file)],
-                                env={**os.environ, **env}, check=False)
+        code, run_page = promote_and_echo(spec_file, {**os.environ, **env})
         history = open_route_store(routes).history(ROUTE)
         print(json.dumps([{"generation": s.generation, "stable": s.stable.short,
                            "candidate": s.candidate.short if s.candidate else None,
@@ -206,4 +212,59 @@ def run_demo(
         tried = [s.candidate or s.shadow for s in history if s.candidate or s.shadow]
         if tried and tried[-1] is not None:
             print(f"audit it: revgate evidence --tracking-uri {spec.tracking_uri} {tried[-1].fingerprint}")
-        return result.returncode
+        if stay_up:
+            mlflow_ui = services.enter_context(processes.mlflow_ui(spec.tracking_uri, root / "mlflow-ui.log"))
+            prefect_ui = env["PREFECT_API_URL"].removesuffix("/api")
+            print_tour(Tour(prefect_ui, root / "prefect-auth", run_page, mlflow_ui, spec.registered_model, public_url,
+                            admin_url, routes, token, worker_url))
+            processes.wait_for_interrupt()
+            print("stopping the demo's services")
+        return code
+
+
+def promote_and_echo(spec_file: Path, env: Mapping[str, str]) -> tuple[int, str]:
+    """``revgate promote SPEC`` with its output passed through; its exit code and the flow run's page."""
+    process = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", str(spec_file)], env=dict(env),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    run_page = ""
+    for line in process.stdout:
+        print(line, end="", flush=True)
+        if not run_page and (found := RUN_PAGE.search(line)):
+            run_page = found.group(0)
+    return process.wait(), run_page
+
+
+RUN_PAGE = re.compile(r"https?://\S+/runs/flow-run/[0-9a-f-]+")
+
+
+@dataclass(frozen=True)
+class Tour:
+    """What the demo leaves up, for the three users."""
+
+    prefect_ui: str
+    auth_file: Path
+    run_page: str
+    mlflow_ui: str
+    model: str
+    router_url: str
+    router_admin: str
+    routes: str
+    token: Path
+    worker_url: str
+
+
+def print_tour(tour: Tour) -> None:
+    """Where each of the three users looks, and what to click."""
+    print(f"""
+The demo stays up; Ctrl-C stops everything.
+  Release manager, Prefect UI: {tour.prefect_ui} (it asks for the user:password in {tour.auth_file})
+    the rollout's run: {tour.run_page or tour.prefect_ui + '/runs'}
+    open it, then "Artifacts" for the gate reports; a paused run shows the approval form
+  Auditor, MLflow UI: {tour.mlflow_ui}/#/models/{tour.model}
+    open the latest version: its description says the decision, who approved and the gates;
+    its source run holds every document, gate report and plot
+  ML engineer, the router: {tour.router_url}/v1 (users' traffic keeps running through it)
+    revgate status {ROUTE} --routes {tour.routes} --router {tour.router_admin} --router-token-file {tour.token} \\
+      --worker {tour.worker_url} --worker-token-file {tour.token} --mlflow-ui {tour.mlflow_ui}
+""", flush=True)

@@ -1,4 +1,4 @@
-"""Long-running local services of the embedded default: Prefect server, worker agent, router.
+"""Long-running local services of the embedded default: Prefect server, worker agent, router, MLflow UI.
 
 Each is a real server process started here and stopped on exit; nothing is faked.
 """
@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -143,3 +145,27 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
+
+
+@contextmanager
+def mlflow_ui(tracking_uri: str, log: Path) -> Iterator[str]:
+    """``mlflow server`` over the tracking store (the UI at ``/``), for as long as the block runs; its URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1"]
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with service(argv, f"http://127.0.0.1:{port}/health", log, env=env, timeout_s=180):
+        yield f"http://127.0.0.1:{port}"
+
+
+def wait_for_interrupt() -> None:
+    """Block until Ctrl-C (SIGINT) or SIGTERM; the caller's cleanup runs after."""
+    stopped = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

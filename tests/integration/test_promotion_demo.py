@@ -10,10 +10,14 @@ the MLflow alias moved to it.
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -24,21 +28,73 @@ from tests.integration.gate_reports import evidence_counts, last_report
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
 
+def demo_command(zoo_dir: Path, state: Path, candidate: str, *more: str) -> list[str]:
+    """``revgate demo`` as a user types it."""
+    return [sys.executable, "-m", "cli.main", "demo", "--state", str(state), "--zoo", str(zoo_dir),
+            "--candidate", candidate, *more]
+
+
 def demo(zoo_dir: Path, state: Path, candidate: str, exit_code: int) -> tuple[list[RouteSnapshot], MlflowClient]:
-    """Run ``revgate demo`` for ``candidate``; check its exit and decision; the route history and evidence."""
-    result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "demo", "--state", str(state), "--zoo", str(zoo_dir),
-         "--candidate", candidate],
-        capture_output=True, text=True, timeout=1500, check=False,
-    )
+    """Run ``revgate demo --exit`` for ``candidate``; check its exit and decision; the route history and evidence."""
+    result = subprocess.run(demo_command(zoo_dir, state, candidate, "--exit"), capture_output=True, text=True,
+                            timeout=1500, check=False)
     assert result.returncode == exit_code, result.stdout[-3000:] + result.stderr[-3000:]
     decision = "promoted" if exit_code == 0 else "rolled_back"
     assert f"decision: {decision}" in result.stdout
     return open_route_store(str(state / "routes")).history("demo"), MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
 
 
-def test_an_improved_revision_is_promoted_through_every_stage(zoo_dir: Path, tmp_path: Path) -> None:
-    history, client = demo(zoo_dir, tmp_path / "demo", "improved", 0)
+def stays_up(zoo_dir: Path, state: Path) -> tuple[str, dict[str, str]]:
+    """``revgate demo`` left running after its decision: its output up to the tour, and the tour's URLs.
+
+    Checks what the tour points at while it is up, then stops the demo with Ctrl-C (SIGINT).
+    """
+    process = subprocess.Popen(demo_command(zoo_dir, state, "improved"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    lines: list[str] = []
+    watchdog = threading.Timer(1500, process.kill)  # a demo that never reaches its tour ends the read below
+    watchdog.start()
+    try:
+        for line in process.stdout:  # the demo ends its output with the tour, then waits
+            lines.append(line)
+            if "revgate status demo" in line:
+                break
+        output = "".join(lines)
+        assert "The demo stays up; Ctrl-C stops everything." in output, output[-3000:]
+        urls = {name: re.search(pattern, output).group(1)  # type: ignore[union-attr]
+                for name, pattern in (("prefect", r"Prefect UI: (\S+)"), ("run", r"the rollout's run: (\S+)"),
+                                      ("mlflow", r"MLflow UI: (http://[^/\s]+)"), ("router", r"the router: (\S+)/v1"))}
+        auth = (state / "prefect-auth").read_text().strip().split(":", 1)
+        assert httpx.get(f"{urls['prefect']}/api/health", auth=(auth[0], auth[1]), timeout=30).status_code == 200
+        assert "/runs/flow-run/" in urls["run"]
+        model = httpx.get(f"{urls['mlflow']}/api/2.0/mlflow/registered-models/get", params={"name": "revgate-model"},
+                          timeout=30)
+        assert model.status_code == 200 and model.json()["registered_model"]["aliases"], model.text
+        answer = httpx.post(f"{urls['router']}/v1/completions", json={"model": "demo", "prompt": "add 1+2=",
+                                                                         "max_tokens": 4}, timeout=60)
+        assert answer.status_code == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(120) == 0
+        for url in (urls["prefect"], urls["mlflow"], urls["router"]):
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(url, timeout=5)
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    return output, urls
+
+
+def test_an_improved_revision_is_promoted_through_every_stage_and_the_demo_stays_up(
+    zoo_dir: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "demo"
+    output, _ = stays_up(zoo_dir, state)
+    assert "decision: promoted" in output
+    history = open_route_store(str(state / "routes")).history("demo")
+    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
     first, last = history[0], history[-1]
     assert any(s.shadow is not None for s in history) and any(s.candidate is not None for s in history)
     assert last.stable.fingerprint != first.stable.fingerprint and last.candidate is None
