@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+DOCS_SCREENSHOTS = "REVGATE_DOCS_SCREENSHOTS"  # a folder: UI tests save the docs' screenshots there
 
 # Chromium must reach nothing but this machine; these flags were found to work offline.
 CHROMIUM_FLAGS = [
@@ -27,3 +31,11 @@ def browser_page() -> Iterator[Any]:
             yield browser.new_page(viewport={"width": 1400, "height": 1000})
         finally:
             browser.close()
+
+
+def screenshot(page: Any, name: str, folder: Path) -> Path:
+    """Save what the page shows as ``name``: in ``folder``, or in the docs' image folder named by
+    REVGATE_DOCS_SCREENSHOTS (``REVGATE_DOCS_SCREENSHOTS=docs/img`` retakes the docs' screenshots)."""
+    path = Path(os.environ.get(DOCS_SCREENSHOTS) or folder) / name
+    page.screenshot(path=str(path))
+    return path

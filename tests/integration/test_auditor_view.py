@@ -119,7 +119,7 @@ def test_an_auditor_follows_the_version_description_to_the_readable_report(tmp_p
 
     from flows.processes import service
     from serving.worker.engine import free_port
-    from tests.integration.browser import browser_page
+    from tests.integration.browser import browser_page, screenshot
 
     _, run_id, number = rollout_with_two_stages(tmp_path)
     port = free_port()
@@ -129,6 +129,7 @@ def test_an_auditor_follows_the_version_description_to_the_readable_report(tmp_p
         page.goto(f"http://127.0.0.1:{port}/#/models/chat-model/versions/{number}")
         expect(page.get_by_text("Decision: promoted").first).to_be_visible(timeout=60_000)
         expect(page.get_by_text("dana").first).to_be_visible(timeout=60_000)
+        screenshot(page, "mlflow-model-version.png", tmp_path)  # the auditor's starting point, for the docs
         with page.context.expect_page(timeout=60_000) as opened:  # MLflow opens description links in a new tab
             page.get_by_role("link", name=f"run {run_id}").first.click(timeout=60_000)
         run_page = opened.value
