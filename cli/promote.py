@@ -7,11 +7,15 @@ import argparse
 import getpass
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from flows.site import RouteSite
     from flows.submit import RunEnd
+
+VIEW_EVERY_S = 5.0  # how often the route's view is read while a run is followed
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -76,11 +80,59 @@ def run_deployment(parameters: dict[str, str], *, follow: bool) -> int:
     if not follow:
         return 0
     try:
-        end = follow_run(run.id, lambda line: print(f"  {line}", flush=True))
+        end = follow_run(run.id, lambda line: print(f"  {line}", flush=True),
+                         tick=route_view(parameters["route"]))
     except KeyboardInterrupt:  # only the following stops: the run is the worker's
         print(f"stopped following; the run goes on (cancel it in the UI): {run_url(str(run.id))}")
         return INTERRUPTED
     return finish(end)
+
+
+def status_args(route: str, settings: RouteSite) -> argparse.Namespace:
+    """``revgate status``'s arguments for a route of the site configuration."""
+    return argparse.Namespace(
+        route_name=route, routes=settings.route_store,
+        router=list(dict.fromkeys((settings.router_admin_url, *settings.more_routers))),
+        router_token_file=Path(settings.router_admin_token_file),
+        worker=list(dict.fromkeys((settings.worker_url, *settings.more_workers))),
+        worker_token_file=Path(settings.worker_token_file), tracking_uri=settings.tracking_uri, mlflow_ui="",
+        prefect_api=os.environ.get("PREFECT_API_URL", ""), timeout=3.0,
+    )
+
+
+class RouteView:
+    """The route's `revgate status` view, printed when it changed, at most every few seconds."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.text = ""
+        self.read_at = 0.0
+
+    def __call__(self) -> None:
+        from cli.status import gather, render
+
+        if time.monotonic() - self.read_at < VIEW_EVERY_S:
+            return
+        self.read_at = time.monotonic()
+        try:
+            text = render(gather(self.args))
+        except Exception:  # a part not answering now: the next look tries again
+            return
+        if text != self.text:
+            self.text = text
+            print("\n".join(f"    {line}" for line in text.splitlines()), flush=True)
+
+
+def route_view(route: str) -> RouteView | None:
+    """While a run is followed, the route's view; None when this host cannot read its site configuration
+    (following the run never depends on the view)."""
+    try:
+        from flows.site import load_site, site_path
+
+        settings = load_site(site_path()).routes[route]
+    except Exception:  # no site configuration here: the run's states alone
+        return None
+    return RouteView(status_args(route, settings))
 
 
 def run_local(parameters: dict[str, str], site: str) -> int:

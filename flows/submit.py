@@ -98,8 +98,8 @@ def describe(run: FlowRun) -> str:
 
 
 def follow_run(flow_run_id: UUID, report: Callable[[str], None], *, poll_s: float = 1.0,
-           timeout_s: float | None = None) -> RunEnd:
-    """Report each state change of the run until it ends; how it ended."""
+           timeout_s: float | None = None, tick: Callable[[], None] | None = None) -> RunEnd:
+    """Report each state change of the run until it ends (calling ``tick`` at every poll); how it ended."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     seen = ""
     with get_client(sync_client=True) as client:
@@ -113,6 +113,8 @@ def follow_run(flow_run_id: UUID, report: Callable[[str], None], *, poll_s: floa
                 return state_end(str(flow_run_id), run.state)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} did not end within {timeout_s} s")
+            if tick is not None:
+                tick()
             time.sleep(poll_s)
 
 

@@ -85,6 +85,9 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
         print(printed)
         assert "Paused" in printed and "Completed: decision: promoted" in printed
         assert printed.rstrip().endswith("decision: promoted")
+        # While following, the command showed the route's live view: the canary, its router and replicas.
+        assert re.search(r"route deployed  generation \d+  stage canary", printed), printed
+        assert "routers" in printed and "replica(s)" in printed
         promoted = handle.current()
         assert promoted.stable.fingerprint != stable and promoted.candidate is None
         assert promoted.created_by == "ana"

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from cli.main import build_parser
-from cli.promote import NOT_PROMOTED, PROMOTED, REFUSED, RUN_FAILED, finish, run_promote
+from cli.promote import NOT_PROMOTED, PROMOTED, REFUSED, RUN_FAILED, RouteView, finish, run_promote, status_args
+from flows.site import RouteSite
 from flows.submit import RunEnd
+from tests.unit.test_site import route_settings
 
 
 @pytest.mark.parametrize(("state", "message", "code", "printed"), [
@@ -56,3 +58,37 @@ def test_a_paused_run_points_at_its_approval_form() -> None:
     assert paused.startswith("Paused")
     assert f"approve or reject at http://prefect.internal:4200/runs/flow-run/{run_id}" in paused
     assert running == "Running"
+
+
+def test_the_followed_run_shows_the_routes_view_from_the_site_with_every_router_and_worker() -> None:
+    settings = RouteSite.model_validate(route_settings(more_workers=["http://gpu-2:9000"],
+                                                       more_routers=["http://router-b:8081"]))
+    args = status_args("chat", settings)
+    assert (args.route_name, args.routes) == ("chat", "s3://routes/prod")
+    assert args.router == ["http://router:8081", "http://router-b:8081"]
+    assert args.worker == ["http://gpu-1:9000", "http://gpu-2:9000"]
+    assert args.tracking_uri == "http://mlflow:5000" and args.timeout > 0
+
+
+def test_the_view_is_printed_when_it_changes_and_never_breaks_following(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import cli.status
+
+    views = iter(["route chat  generation 2  stage canary", "route chat  generation 2  stage canary",
+                  "route chat  generation 3  stage stable"])
+
+    def gather(args: object) -> str:
+        text = next(views, None)
+        if text is None:
+            raise OSError("a router does not answer")
+        return text
+
+    monkeypatch.setattr(cli.status, "gather", gather)
+    monkeypatch.setattr(cli.status, "render", lambda status: status)
+    monkeypatch.setattr("cli.promote.VIEW_EVERY_S", 0.0)
+    view = RouteView(status_args("chat", RouteSite.model_validate(route_settings())))
+    for _ in range(4):
+        view()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["    route chat  generation 2  stage canary", "    route chat  generation 3  stage stable"]
