@@ -9,10 +9,7 @@ in this flow run, so the approval form and the evidence run's Prefect link are t
 from __future__ import annotations
 
 import getpass
-import json
-import urllib.request
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
@@ -23,6 +20,7 @@ from prefect.states import Completed, Failed
 from flows.promote import RolloutInProgress, promote_revision
 from flows.site import RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
 from flows.spec import PromotionSpec
+from flows.steps import router_admin
 from manifests.errors import RevgateError
 from registry.errors import ObjectMissing
 from registry.route_store import open_route_store
@@ -115,13 +113,7 @@ def rollback(route: str, requested_by: str = "") -> str:
 def notify_router(settings: RouteSite, admin_url: str, timeout_s: float = 5.0) -> str:
     """Ask one of the route's routers to re-read the route now; a router not told picks it up at its next poll."""
     try:  # the rollback is committed already: a router that cannot be told is reported, never an error
-        token = Path(settings.router_admin_token_file).read_text(encoding="utf-8").strip()
-        request = urllib.request.Request(  # noqa: S310 - the router's admin port
-            f"{admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            answer = json.loads(response.read())
+        answer = router_admin(admin_url, settings.router_admin_token_file, "/admin/notify", "POST", timeout_s)
     except (OSError, ValueError) as error:
         return f"not told ({error}); it picks the rollback up at its next poll of the store"
     return f"serving generation {answer.get('generation')}"

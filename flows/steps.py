@@ -125,10 +125,10 @@ def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: floa
 def start_candidates(spec: PromotionSpec, revision: ServiceRevision) -> list[dict[str, Any]]:
     """Start the plan's candidate replicas, spread over the fleet's agents; their views (state ``created``),
     each with the ``worker_url`` it runs on. They load in parallel, each on its own agent."""
-    clients = fleet(spec)
-    agents = [AgentSlots(client.url, int(client.capacity().get("free_slots", 0))) for client in clients]
+    clients = {client.url: client for client in fleet(spec)}
+    agents = [AgentSlots(url, int(client.capacity().get("free_slots", 0))) for url, client in clients.items()]
     request = replica_request(spec, revision)
-    return [{**worker(spec, url).start(request), "worker_url": url}
+    return [{**clients[url].start(request), "worker_url": url}
             for url in place_replicas(agents, spec.plan.candidate_replicas)]
 
 
@@ -174,17 +174,23 @@ def candidate_target(views: list[dict[str, Any]], revision: ServiceRevision) -> 
                           served_model=str(views[0]["served_model"]))
 
 
-def _router_call(spec: PromotionSpec, admin_url: str, path: str, method: str) -> dict[str, Any] | None:
-    """One admin call to a router; None when it does not answer."""
-    token = Path(spec.router_admin_token_file).read_text(encoding="utf-8").strip()
+def router_admin(admin_url: str, token_file: str, path: str, method: str = "GET",
+                 timeout_s: float = 10.0) -> dict[str, Any]:
+    """One call to a router's admin API with the token in ``token_file``; OSError or ValueError when it fails."""
+    token = Path(token_file).read_text(encoding="utf-8").strip()
     request = urllib.request.Request(  # noqa: S310 - the router's admin port
         f"{admin_url}{path}", data=b"" if method == "POST" else None, method=method,
         headers={"Authorization": f"Bearer {token}"},
     )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
+
+
+def _router_call(spec: PromotionSpec, admin_url: str, path: str, method: str) -> dict[str, Any] | None:
+    """One admin call to one of the spec's routers; None when it does not answer."""
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-            answer: dict[str, Any] = json.loads(response.read())
-            return answer
+        return router_admin(admin_url, spec.router_admin_token_file, path, method)
     except (OSError, ValueError):
         return None
 
