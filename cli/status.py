@@ -288,6 +288,8 @@ def read_links(route: str, tracking_uri: str, mlflow_ui: str, prefect_api: str, 
     """The route's newest evidence run, its newest gate report and its Prefect flow run, where reachable."""
     if not tracking_uri:
         return RunLinks(mlflow="not configured", prefect=_prefect_alone(prefect_api))
+    if _missing_sqlite_store(tracking_uri):  # opening it would create it: a status read writes nothing
+        return RunLinks(mlflow="none", prefect=_prefect_alone(prefect_api))
     try:
         run, report = _newest_run(route, tracking_uri)
     except Exception as error:  # any failure of the tracking server reads as unreachable
@@ -306,6 +308,11 @@ def read_links(route: str, tracking_uri: str, mlflow_ui: str, prefect_api: str, 
         gates=gate_state(*report) if report else None, prefect=prefect, flow_run_id=flow_run_id,
         flow_run_url=f"{ui}/runs/flow-run/{flow_run_id}" if flow_run_id and prefect_api else "",
     )
+
+
+def _missing_sqlite_store(tracking_uri: str) -> bool:
+    """A ``sqlite:///PATH`` tracking store whose file does not exist yet (so no run is in it)."""
+    return tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists()
 
 
 def _newest_run(route: str, tracking_uri: str) -> tuple[Any, tuple[str, Any] | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from cli.status import (
     EXIT_DEGRADED,
@@ -16,6 +17,7 @@ from cli.status import (
     WorkerState,
     exit_code,
     problems,
+    read_links,
     render,
     router_state,
     status_json,
@@ -75,3 +77,9 @@ def test_a_router_behind_the_store_or_silent_is_named() -> None:
     assert router_state("u", {"generation": 2, "status": "ok"}, 3) == RouterState(
         "u", "behind", 2, "serves generation 2, the store holds 3")
     assert router_state("u", None, 3, "refused") == RouterState("u", "unreachable", None, "refused")
+
+
+def test_reading_a_status_never_creates_the_tracking_store(tmp_path: Path) -> None:
+    store = tmp_path / "mlflow.db"
+    links = read_links("chat", f"sqlite:///{store}", "", "", 1.0)
+    assert links.mlflow == "none" and not store.exists()
