@@ -235,11 +235,11 @@ def router_process(
         log.close()
 
 
-def wait_until(predicate: Any, timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until it is true or fail."""
+def wait_until(predicate: Any, timeout: float = 5.0, describe: Any = None) -> None:
+    """Poll ``predicate`` until it is true or fail, saying what was seen (``describe()``) if given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.02)
-    raise AssertionError("condition not met in time")
+    raise AssertionError("condition not met in time" + (f"; {describe()}" if describe else ""))
