@@ -344,7 +344,7 @@ class Promotion:
             get_run_logger().warning("approval given automatically (spec.approval == 'auto')")
             return ApprovalGiven(True, self.state.evidence_digest, by="auto")
         return approval.ask(self.ledger, self.run, question=step.prompt, markdown=markdown,
-                            shown=self.state.evidence_digest, approvers=self.spec.plan.approvers,
+                            shown=self.state.evidence_digest, plan=self.spec.plan, route=self.spec.route,
                             timeout_s=self.spec.approval_timeout_s)
 
     def decide_paused(self) -> RolloutState:
@@ -602,13 +602,17 @@ class Rollout:
         if route is not None and (end := lease_end(route, [url for url in replicas.values() if url])) is not None:
             wait_s = min((end - datetime.now(UTC)).total_seconds(), float(self.spec.plan.lease_seconds))
             time.sleep(max(0.0, wait_s) + 1)
+        if route is None:  # the candidate may be stable by now: leave every replica up rather than guess
+            log.warning("route %s unreadable: replicas %s left running", self.spec.route, sorted(replicas.values()))
+            return
+        others = steps.other_routes(self.spec)  # routes of the same store may share a stable replica
         now = datetime.now(UTC)
         for key, url in replicas.items():
             # A replica with no endpoint yet never took traffic.
-            if url and route is not None and not drainable(route, [url], now):
+            if url and not drainable([route, *(others or [])], [url], now):
                 continue
-            if route is None and key in self.retired:
-                continue  # route unknown: never drain what may be stable
+            if others is None and key in self.retired:
+                continue  # other routes unknown: never drain what one of them may serve
             try:
                 steps.drain_replica(self.spec, key)
             except Exception:

@@ -7,6 +7,7 @@ run any step without an orchestrator.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.request
 from pathlib import Path
@@ -25,6 +26,8 @@ from registry.store import open_store
 from serving.worker.artifact import ArtifactPreparer
 from serving.worker.client import WorkerClient
 from serving.worker.request import ReplicaRequest
+
+log = logging.getLogger(__name__)
 
 
 class PromotionRefused(RevgateError):
@@ -70,6 +73,18 @@ def current_route(spec: PromotionSpec) -> RouteSnapshot:
             fix="Create the route with its stable revision first (revgate route set).",
         )
     return snapshot
+
+
+def other_routes(spec: PromotionSpec) -> list[RouteSnapshot] | None:
+    """The current snapshots of the route store's other routes; None when one cannot be read (then a
+    replica that one of them may serve is not known to be free)."""
+    store = open_route_store(spec.route_store)
+    try:
+        snapshots = [store.read(name) for name in store.routes() if name != spec.route]
+    except RevgateError as error:
+        log.warning("cannot read every route of %s (%s): replicas they may share are kept", spec.route_store, error)
+        return None
+    return [snapshot for snapshot in snapshots if snapshot is not None]
 
 
 def worker(spec: PromotionSpec, url: str | None = None) -> WorkerClient:

@@ -199,3 +199,7 @@ class RouteStore(Protocol):
     def history(self, route: str) -> list[RouteSnapshot]:
         """Every committed generation, oldest first."""
         ...
+
+    def routes(self) -> list[str]:
+        """The names of the routes the store holds, sorted (replicas may be shared between them)."""
+        ...

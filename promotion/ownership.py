@@ -53,9 +53,10 @@ def routed_endpoints(route: RouteSnapshot, now: datetime) -> frozenset[str]:
     return frozenset(routed)
 
 
-def drainable(route: RouteSnapshot, endpoints: Iterable[str], now: datetime) -> list[str]:
-    """Of the endpoints a rollout started or retired, those no router may send new requests to."""
-    routed = routed_endpoints(route, now)
+def drainable(routes: Iterable[RouteSnapshot], endpoints: Iterable[str], now: datetime) -> list[str]:
+    """Of the endpoints a rollout started or retired, those no router of any of ``routes`` may send new
+    requests to: a stable replica that several routes share stays up while another route names it."""
+    routed = frozenset().union(*(routed_endpoints(route, now) for route in routes))
     return [url for url in endpoints if url.rstrip("/") not in routed]
 
 

@@ -100,6 +100,16 @@ class FileRouteStore:
         """Every readable committed generation, oldest first, ending with the newest."""
         return route_log.history(self._objects(route))
 
+    def routes(self) -> list[str]:
+        """The routes with at least one committed generation, sorted."""
+        try:
+            folders = sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
+        except FileNotFoundError:
+            return []
+        except OSError as error:
+            raise RouteStoreUnavailable(f"cannot list routes: {error}", where=str(self.root)) from None
+        return [name for name in folders if ROUTE_NAME.match(name) and self._objects(name).generations()]
+
 
 @contextmanager
 def _locked(root: Path) -> Iterator[None]:

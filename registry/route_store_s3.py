@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from manifests.route import RouteSnapshot, RouteStoreUnavailable
+from manifests.route import ROUTE_NAME, RouteSnapshot, RouteStoreUnavailable
 from registry import route_log
 from registry.route_store import check_route
 
@@ -148,3 +148,15 @@ class S3RouteStore:
     def history(self, route: str) -> list[RouteSnapshot]:
         """Every readable committed generation, oldest first, ending with the newest."""
         return route_log.history(self._objects(route))
+
+    def routes(self) -> list[str]:
+        """The routes with at least one committed generation, sorted (LISTs by delimiter, paginated)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        names: list[str] = []
+        try:
+            listing = self.client.get_paginator("list_objects_v2")
+            for page in listing.paginate(Bucket=self.bucket, Prefix=base, Delimiter="/"):
+                names.extend(item["Prefix"].removeprefix(base).rstrip("/") for item in page.get("CommonPrefixes", []))
+        except (ClientError, BotoCoreError) as error:
+            raise RouteStoreUnavailable(f"cannot list routes: {error}", where=f"s3://{self.bucket}/{base}") from None
+        return sorted(name for name in names if ROUTE_NAME.match(name) and self._objects(name).generations())

@@ -43,6 +43,16 @@ def test_compare_and_swap_and_history(store: S3RouteStore) -> None:
     assert [item.generation for item in store.history("chat")] == [1, 2]
 
 
+def test_routes_lists_every_route_under_the_prefix_and_no_other(store: S3RouteStore, s3_endpoint: str) -> None:
+    assert store.routes() == []
+    store.write(snap(1))
+    store.write(snap(1).model_copy(update={"route": "billing"}))
+    # Another prefix in the same bucket is another store.
+    open_route_store(f"s3://{store.bucket}/staging?endpoint_url={s3_endpoint}").write(
+        snap(1).model_copy(update={"route": "search"}))
+    assert store.routes() == ["billing", "chat"]
+
+
 def test_stale_generation_is_refused_and_changes_nothing(store: S3RouteStore) -> None:
     store.write(snap(1))
     store.write(snap(2))

@@ -40,10 +40,18 @@ def test_the_decision_is_what_the_route_says() -> None:
 def test_drain_only_what_no_router_may_send_to() -> None:
     leased = successor(FIRST, by="flow", now=NOW, candidate=canary(CANDIDATE, 50_000, NOW, 60))
     urls = [*STABLE.endpoints, *CANDIDATE.endpoints]
-    assert drainable(leased, urls, NOW) == []  # stable always routed, candidate inside its lease
-    assert drainable(leased, urls, NOW + timedelta(seconds=61)) == list(CANDIDATE.endpoints)
+    assert drainable([leased], urls, NOW) == []  # stable always routed, candidate inside its lease
+    assert drainable([leased], urls, NOW + timedelta(seconds=61)) == list(CANDIDATE.endpoints)
     assert lease_end(leased, CANDIDATE.endpoints) == NOW + timedelta(seconds=60)
     assert lease_end(leased, STABLE.endpoints) is None
+
+
+def test_a_retired_stable_that_another_route_still_names_is_not_drained() -> None:
+    promoted = successor(FIRST, by="flow", now=NOW, stable=CANDIDATE)
+    sharing = FIRST.model_copy(update={"route": "other"})  # another route on the same stable replica
+    assert drainable([promoted], STABLE.endpoints, NOW) == list(STABLE.endpoints)
+    assert drainable([promoted, sharing], STABLE.endpoints, NOW) == []
+    assert drainable([promoted, sharing], [STABLE.endpoints[0] + "/"], NOW) == []  # a trailing slash is the same
 
 
 def test_revert_returns_the_old_stable_alone() -> None:

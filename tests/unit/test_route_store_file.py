@@ -35,6 +35,17 @@ def test_write_read_and_history(tmp_path: Path) -> None:
     assert [item.generation for item in store.history("chat")] == [1, 2]
 
 
+def test_routes_lists_routes_with_a_committed_generation(tmp_path: Path) -> None:
+    store = FileRouteStore(tmp_path / "routes")
+    assert store.routes() == []  # no folder yet: no routes, nothing created
+    assert not (tmp_path / "routes").exists()
+    store.write(snap(1))
+    store.write(snap(1).model_copy(update={"route": "billing"}))
+    (tmp_path / "routes" / "empty").mkdir()  # a folder without history is no route
+    (tmp_path / "routes" / "Not A Route").mkdir()
+    assert store.routes() == ["billing", "chat"]
+
+
 def test_stale_generation_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     store = FileRouteStore(tmp_path)
     store.write(snap(1))
