@@ -114,6 +114,15 @@ def load_task(spec: PromotionSpec, replica: dict[str, Any]) -> dict[str, Any]:
     return steps.wait_ready(spec, replica)
 
 
+# What the evidence keeps of each candidate replica the rollout started.
+REPLICA_FACTS = ("worker_url", "replica_id", "endpoint", "served_model", "cpu_cores", "timings_s")
+
+
+def slowest(figures: list[dict[str, Any]]) -> dict[str, float]:
+    """Per figure, the largest over the replicas: a step is as ready as its slowest replica."""
+    return {key: max(float(each[key]) for each in figures if key in each) for key in {k for f in figures for k in f}}
+
+
 @task(name="isolated-check")
 def isolated_task(view: dict[str, Any]) -> dict[str, float]:
     """The candidate alone, off the live path."""
@@ -526,10 +535,11 @@ class Rollout:
         self.started.update((replica_key(r), str(r.get("endpoint", "")).rstrip("/")) for r in replicas)
         views = [load_task(spec, replica) for replica in replicas]  # they load in parallel, on their own agents
         self.started.update((replica_key(v), str(v["endpoint"]).rstrip("/")) for v in views)
-        for view in views:
-            timings = {k: float(v) for k, v in view.get("timings_s", {}).items()}
-            ledger.log_step(run, "load", "ready", {**timings, "replicas": float(len(views))})
-            ledger.log_step(run, "isolated-check", "pass", isolated_task(view))
+        for index, view in enumerate(views, 1):  # each replica's own record; the steps below sum them up
+            ledger.log_json(run, f"replica-{index:02d}", {key: view.get(key) for key in REPLICA_FACTS})
+        ledger.log_step(run, "load", "ready", {**slowest([view.get("timings_s", {}) for view in views]),
+                                               "replicas": float(len(views))})
+        ledger.log_step(run, "isolated-check", "pass", slowest([isolated_task(view) for view in views]))
         driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(views, revision))
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
                                    period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
