@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from typing import Any
 
 from flows import processes
 from flows.demo import EXECUTION, demo_policy, publish, signing_key
+from flows.site import ROUTE_ONLY, RouteSite
 from flows.spec import PromotionSpec
 from flows.steps import start_replica
 from manifests.revision import InterfacePolicy, ServiceRevision
@@ -50,6 +51,21 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, every_
             return value
         assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
         time.sleep(every_s)
+
+
+def write_site(path: Path, specs: Sequence[PromotionSpec]) -> Path:
+    """The site configuration for these specs' routes, as a deployment run reads it: each route's parts
+    as its spec has them, its gate policy and plan by name (``ROUTE-policy``, ``ROUTE-plan``), and its
+    candidate by its name."""
+    routes, policies, plans = {}, {}, {}
+    for spec in specs:
+        settings = spec.model_dump(mode="json", include=set(RouteSite.model_fields) - ROUTE_ONLY)
+        routes[spec.route] = {**settings, "policy": f"{spec.route}-policy", "plan": f"{spec.route}-plan",
+                              "candidates": {spec.candidate_name: spec.candidate_manifest}}
+        policies[f"{spec.route}-policy"] = spec.gate_policy.model_dump(mode="json")
+        plans[f"{spec.route}-plan"] = spec.plan.model_dump(mode="json")
+    path.write_text(json.dumps({"routes": routes, "policies": policies, "plans": plans}, indent=1), encoding="utf-8")
+    return path
 
 
 @dataclass
