@@ -63,6 +63,22 @@ def test_names_become_the_spec_with_the_route_defaults(tmp_path: Path) -> None:
     assert promotion_spec(paced, "chat", "improved").probe_concurrency == 8
 
 
+def test_a_fleet_on_an_s3_route_store_becomes_the_spec(tmp_path: Path) -> None:
+    routes = "s3://routes/prod?endpoint_url=http://s3.internal:9000"
+    document = site_json(route_store=routes, more_workers=["http://gpu-2:9000/"], router_sync_s=45,
+                         more_routers=["http://router-b:8081", "http://router:8081"])
+    document["plans"]["spread"] = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)],
+                                                    candidate_replicas=2).model_dump(mode="json")
+    site = load_site(write_site(tmp_path, document))
+    spec = promotion_spec(site, "chat", "improved", plan="spread")
+    assert spec.route_store == routes and spec.plan.candidate_replicas == 2 and spec.router_sync_s == 45
+    assert spec.workers() == ("http://gpu-1:9000", "http://gpu-2:9000")
+    assert spec.routers() == ("http://router:8081", "http://router-b:8081")  # each router once
+    with pytest.raises(SiteConfigInvalid) as bad:
+        load_site(write_site(tmp_path, site_json(router_sync_s=0)))
+    assert "routes.chat.router_sync_s" in str(bad.value)
+
+
 def test_a_named_policy_and_plan_and_a_digest_candidate(tmp_path: Path) -> None:
     site = load_site(write_site(tmp_path, site_json()))
     spec = promotion_spec(site, "chat", OTHER, policy="lenient", plan="quick")
