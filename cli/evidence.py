@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``evidence``."""
     parser = subparsers.add_parser(
         "evidence",
-        help="trace a revision's promotion evidence in MLflow and check every document against its digest",
+        help="trace a revision's promotion evidence in MLflow and check every document against its digest "
+             "(and every signed approval's signature, verified again)",
     )
     parser.add_argument("revision", help="the revision's fingerprint (sha256:...), or its first characters")
     parser.add_argument("--tracking-uri", required=True, help="MLflow tracking URI (sqlite:///FILE or http://HOST)")
@@ -31,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_evidence(args: argparse.Namespace) -> int:
-    """Print the audit; exit 0 when intact, 4 when a document was altered or lost."""
+    """Print the audit; exit 0 when intact, 4 when a document was altered or lost or an approval's signature
+    does not verify."""
     from registry.audit import audit_json, render
     from registry.ledger import EvidenceLedger
 

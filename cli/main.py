@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "cli.rollout",
     "cli.promote",
     "cli.evidence",
+    "cli.approve",
     "cli.evaluate",
     "cli.demo",
 )

@@ -4,28 +4,56 @@ The flow run pauses with the gate report above a form (``Approval``); whoever an
 themselves. ``promotion.approval.decide`` says whether the answer counts: one from a person not on
 the rollout plan's allow-list, or an approval of other evidence than the report shown, decides
 nothing; it is kept in the evidence run and the form is asked again with the reason above it.
+
+Where the rollout plan asks for signed approvals, the answer must come from ``revgate approve``,
+which sends the signed approval statement and its signature with it (fields ``statement`` and
+``signature``). The signature is checked here, at the flow's edge, against the named approver's
+public key in the plan (``registry.signing.verify_approval``); what it means is decided in
+``promotion.approval.decide``. A counted signed answer is kept with its statement, signature and
+the key that verified it (``approval-statement``, ``approval-signature``, ``approval-signer``).
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.runtime import flow_run
 from pydantic import Field
 
-from promotion.approval import Answer, AnswerRefused, Refusal, allow_list_line, decide
+from manifests.errors import RevgateError
+from manifests.rollout import ApprovalStatement, RolloutPlan
+from promotion.approval import (
+    Answer,
+    AnswerRefused,
+    FormShown,
+    Refusal,
+    SignatureCheck,
+    allow_list_line,
+    decide,
+)
 from promotion.machine import ApprovalGiven
+from registry.errors import UntrustedSigner
 from registry.ledger import EvidenceLedger, EvidenceRun
+from registry.signing import public_key_pem, signature_key_hint, verify_approval
 
 # Evidence names of answers that counted for nothing, numbered per kind (``approval-of-other-evidence-1``).
 REFUSED_EVIDENCE: dict[Refusal, str] = {
     "unnamed": "approval-unnamed",
     "not-allowed": "approval-not-on-allow-list",
     "other-evidence": "approval-of-other-evidence",
+    "unsigned": "approval-unsigned",
+    "bad-signature": "approval-bad-signature",
+    "wrong-key": "approval-signed-with-another-key",
+    "other-statement": "approval-signed-for-another-form",
 }
+SIGNED_FIELDS = {"statement", "signature"}
 
 
 class Approval(RunInput):
@@ -45,43 +73,184 @@ class Approval(RunInput):
         return Answer(self.approver, self.approve, self.evidence_digest, self.comment)
 
 
+class SignedApproval(Approval):
+    """The form of a plan that requires signed approvals: the answer with its signed statement (``revgate approve``)."""
+
+    route: str = Field(default="", description="The route this form is for: filled in.")
+    statement: str = Field(default="", max_length=20_000, description=(
+        "The approval statement `revgate approve` signed. An answer typed here without one counts for nothing."))
+    signature: str = Field(default="", max_length=100_000, description=(
+        "The statement's signature (a Sigstore bundle in the OpenSSF model-signing format) from `revgate approve`."))
+
+
 def ask(
     ledger: EvidenceLedger, run: EvidenceRun, *, question: str, markdown: str, shown: str,
-    approvers: tuple[str, ...], timeout_s: int,
+    plan: RolloutPlan, route: str, timeout_s: int,
 ) -> ApprovalGiven:
     """Pause until a counted answer about the evidence ``shown`` (the report ``markdown``), or the timeout.
 
     ``timeout_s`` bounds the whole wait: answers that count for nothing do not extend it. No counted
-    answer in time is a rejection by ``timeout``.
+    answer in time is a rejection by ``timeout``. Each answer is kept under a name of its own, so a
+    later one (in this pause or a later approve step) never overwrites an earlier one.
     """
     deadline = time.monotonic() + timeout_s
-    header = f"## {question}\n\n{allow_list_line(approvers)}"
+    header = f"## {question}\n\n{allow_list_line(plan.approvers)}{signed_line(plan)}"
     prompt = f"{header}\n\n{markdown}"
-    refused: Counter[Refusal] = Counter()
+    form_shown = FormShown(route, flow_run.get_id() or "", shown)
     while (left := deadline - time.monotonic()) > 0:
-        form = Approval.with_initial_data(description=prompt, evidence_digest=shown, approve=False)
+        form = (SignedApproval.with_initial_data(description=prompt, evidence_digest=shown, approve=False, route=route)
+                if plan.signed_approval else
+                Approval.with_initial_data(description=prompt, evidence_digest=shown, approve=False))
         given = pause_flow_run(wait_for_input=form, timeout=max(1, round(left)), poll_interval=2)
         if given is None:
             break
-        verdict = decide(given.answer(), shown=shown, approvers=approvers)
+        signature = check_signature(given, plan) if isinstance(given, SignedApproval) else None
+        verdict = decide(given.answer(), shown=shown, approvers=plan.approvers, signature=signature, form=form_shown)
         if isinstance(verdict, ApprovalGiven):
-            record_counted(ledger, run, given, verdict)
+            record_counted(ledger, run, given, verdict, signature)
             return verdict
-        refused[verdict.why] += 1
-        ledger.log_json(run, f"{REFUSED_EVIDENCE[verdict.why]}-{refused[verdict.why]}", given.model_dump(mode="json"))
+        ledger.log_json_new(run, REFUSED_EVIDENCE[verdict.why], given.model_dump(mode="json"))
         get_run_logger().warning("approval form answered by %r counted for nothing (%s): asking again",
                                  given.approver, verdict.why)
         prompt = retry_prompt(verdict, header, markdown)
     return ApprovalGiven(False, shown, by="timeout")
 
 
-def record_counted(ledger: EvidenceLedger, run: EvidenceRun, given: Approval, verdict: ApprovalGiven) -> None:
-    """The answer that decided, as the evidence run's ``approval`` (the version page names its approver)."""
-    ledger.log_json(run, "approval", given.model_dump(mode="json"))
-    ledger.log_step(run, "approval", f"{'approved' if verdict.approved else 'rejected'} by {verdict.by}")
-    get_run_logger().info("%s by %s", "approved" if verdict.approved else "rejected", verdict.by)
+def signed_line(plan: RolloutPlan) -> str:
+    """The line above the form that says a signed answer is needed, and how to give one."""
+    if not plan.signed_approval:
+        return ""
+    return ("\n\nThe rollout plan requires **signed approvals**: an answer typed here counts for nothing. Answer with "
+            "`revgate approve RUN --key YOUR_PRIVATE_KEY --as YOUR_NAME` (add `--reject` to reject).")
+
+
+def check_signature(given: SignedApproval, plan: RolloutPlan) -> SignatureCheck:
+    """Check the answer's signed statement against the public key the plan gives for the named approver."""
+    if not given.statement.strip() or not given.signature.strip():
+        return SignatureCheck("unsigned")
+    key = plan.approver_key(given.approver)
+    if key is None:
+        return SignatureCheck("wrong-key", detail="the plan gives no key for this approver")
+    statement_bytes = given.statement.encode("utf-8")
+    try:
+        pem = public_key_pem(key)
+        statement = ApprovalStatement.from_canonical(statement_bytes, source="the answer's statement")
+        signed = verify_approval(statement_bytes, given.signature, pem)
+    except UntrustedSigner:
+        hint = signature_key_hint(given.signature) or "(unnamed)"
+        return SignatureCheck("wrong-key", detail=f"signed with key {hint}")
+    except RevgateError as error:
+        return SignatureCheck("invalid", detail=error.what)
+    return SignatureCheck("verified", statement, signer=signed.fingerprint, public_key=pem)
+
+
+def record_counted(
+    ledger: EvidenceLedger, run: EvidenceRun, given: Approval, verdict: ApprovalGiven,
+    signature: SignatureCheck | None = None,
+) -> None:
+    """The answer that decided, as the evidence run's ``approval`` (``approval-2``, ... after the first; the
+    version page names its approver). A signed answer's statement, signature and signer are kept beside it."""
+    name = ledger.log_json_new(run, "approval", given.model_dump(mode="json", exclude=SIGNED_FIELDS), plain_first=True)
+    outcome = f"{'approved' if verdict.approved else 'rejected'} by {verdict.by}"
+    if isinstance(given, SignedApproval) and signature is not None and signature.statement is not None:
+        ledger.log_document(run, f"{name}-statement", signature.statement)
+        ledger.log_json(run, f"{name}-signature", json.loads(given.signature))
+        ledger.log_json(run, f"{name}-signer", {"approver": verdict.by, "fingerprint": signature.signer,
+                                                "public_key": signature.public_key, "verified": True})
+        ledger.tag(run, "revgate.approval.signer", f"{verdict.by} (key {signature.signer})")
+        outcome += f", signed with key {signature.signer}"
+    ledger.log_step(run, "approval", outcome)
+    get_run_logger().info("%s", outcome)
 
 
 def retry_prompt(refused: AnswerRefused, header: str, markdown: str) -> str:
     """The form's description when it is asked again: why the last answer counted for nothing, first."""
     return f"## {refused.message} Answer again.\n\n{header}\n\n{markdown}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Answering a paused run from outside it (``revgate approve``), through the API the UI's form posts to
+
+
+class ApprovalRunError(RevgateError):
+    """The flow run named cannot take an approval: no such run, not paused, or not paused at the form."""
+
+
+@dataclass(frozen=True, slots=True)
+class PausedForm:
+    """The approval form a paused flow run waits on: the run, and what the form is bound to."""
+
+    flow_run_id: str
+    flow_run_name: str
+    route: str
+    evidence_digest: str
+
+
+def find_flow_run(reference: str) -> Any:
+    """The flow run whose id, or else whose name, is ``reference`` (a name matching several: the paused one)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_flow_run(UUID(reference))
+        except ValueError:
+            pass  # not an id: a name
+        except ObjectNotFound:
+            raise no_such_run(reference) from None
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[reference])))
+    paused = [run for run in runs if run.state is not None and run.state.is_paused()]
+    if len(paused) > 1:
+        raise ApprovalRunError(f"{len(paused)} paused flow runs are named {reference!r}", where=reference,
+                               fix="Name the run by its id (the UI's address of the run ends with it).")
+    if paused or runs:
+        return (paused or runs)[0]
+    raise no_such_run(reference)
+
+
+def no_such_run(reference: str) -> ApprovalRunError:
+    """The error for a run id or name the Prefect API does not know."""
+    return ApprovalRunError(f"no flow run {reference!r}", where=reference,
+                            fix="Give the paused run's id or name (`revgate promote` prints it, the UI shows it) and "
+                                "check PREFECT_API_URL names the server the run is on.")
+
+
+def paused_form(reference: str) -> PausedForm:
+    """The approval form the flow run ``reference`` is paused at, with the evidence digest it shows."""
+    from prefect.client.orchestration import get_client
+    from prefect.input.actions import read_flow_run_input
+    from prefect.input.run_input import keyset_from_paused_state
+
+    run = find_flow_run(reference)
+    state = run.state
+    if state is None or not state.is_paused():
+        raise ApprovalRunError(f"flow run {run.name!r} ({run.id}) is not paused for approval: it is "
+                               f"{state.name if state is not None else 'without a state'}", where=str(run.id),
+                               fix="Answer when the run shows Paused (`revgate promote` prints when it pauses); "
+                                   "nothing was sent.")
+    with get_client(sync_client=True):
+        schema = read_flow_run_input(keyset_from_paused_state(state)["schema"], flow_run_id=run.id)
+    fields = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    if "evidence_digest" not in fields:
+        raise ApprovalRunError(f"flow run {run.name!r} ({run.id}) is paused, but not at revgate's approval form",
+                               where=str(run.id), fix="Answer it in the Prefect UI; nothing was sent.")
+    if "signature" not in fields:
+        raise ApprovalRunError(f"flow run {run.name!r} ({run.id}) asks for an unsigned approval: its rollout plan "
+                               "does not require signed approvals (signed_approval), so it would keep no signature",
+                               where=str(run.id), fix="Answer on the Prefect UI's Resume form; nothing was sent.")
+    return PausedForm(str(run.id), str(run.name), str(fields.get("route", {}).get("default", "")),
+                      str(fields["evidence_digest"].get("default", "")))
+
+
+def send_answer(form: PausedForm, answer: SignedApproval) -> None:
+    """Resume the paused run with ``answer`` as its input, as the UI's Resume form does."""
+    from prefect.exceptions import FlowPauseTimeout, NotPausedError
+    from prefect.flow_runs import resume_flow_run
+
+    try:
+        resume_flow_run(UUID(form.flow_run_id), run_input=answer.model_dump(mode="json"))
+    except (NotPausedError, FlowPauseTimeout, RuntimeError) as error:
+        raise ApprovalRunError(f"flow run {form.flow_run_name!r} did not take the answer ({error})",
+                               where=form.flow_run_id, fix="Check the run's state; it may have been answered or "
+                                                           "timed out meanwhile.") from None

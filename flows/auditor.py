@@ -18,7 +18,7 @@ from evaluation import plots
 from evaluation.gates import Evidence, scores_by_slice
 from flows.spec import PromotionSpec
 from manifests.gates import GatePolicy, LatencyMetric
-from registry.audit import parse_approval
+from registry.audit import counted_approvals, parse_approval
 from registry.auditor_view import VersionFacts
 from registry.ledger import EvidenceLedger, EvidenceRun
 
@@ -33,12 +33,15 @@ def signer_of(spec: PromotionSpec) -> str:
     return f"{policy.kind}:{policy.public_key or ','.join(policy.chain)}"
 
 
-def approver_of(spec: PromotionSpec, approval: dict[str, object] | None) -> str:
-    """The person the stored answer names, or how the rollout was approved without one."""
+def approver_of(
+    spec: PromotionSpec, approval: dict[str, object] | None, signer: dict[str, object] | None = None
+) -> str:
+    """The person the stored answer names (and the key that signed it), or how the rollout was approved without one."""
     if approval is not None:
         for key in ("approver", "by", "name"):
             if str(approval.get(key) or "").strip():
-                return str(approval[key]).strip()
+                who = str(approval[key]).strip()
+                return f"{who} (signed, key {signer.get('fingerprint', '?')})" if signer is not None else who
         return "release manager (unnamed)"
     return "automatic (spec.approval = auto)" if spec.approval == "auto" else "no approval step"
 
@@ -46,12 +49,16 @@ def approver_of(spec: PromotionSpec, approval: dict[str, object] | None) -> str:
 def version_facts(ledger: EvidenceLedger, run: EvidenceRun, spec: PromotionSpec, decision: str) -> VersionFacts:
     """The version's description and tags for a promotion decided now."""
     stored = ledger.evidence_files(run.run_id)
-    approval = parse_approval(stored.get("approval"))
+    counted = counted_approvals(stored)  # the latest counted answer decided the promotion
+    approval = parse_approval(stored.get(counted[-1])) if counted else None
+    signer = parse_approval(stored.get(f"{counted[-1]}-signer")) if counted else None
     revision = json.loads(stored["service-revision"]) if "service-revision" in stored else {}
     manifest = spec.candidate_manifest or str(revision.get("artifact", {}).get("digest", ""))
     return VersionFacts(
         decision=decision, decided_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        approver=approver_of(spec, dict(approval) if approval is not None else None), signer=signer_of(spec),
+        approver=approver_of(spec, dict(approval) if approval is not None else None,
+                             dict(signer) if signer is not None else None),
+        signer=signer_of(spec),
         manifest_digest=manifest, run_id=run.run_id, experiment_id=run.experiment_id,
         stages=ledger.stage_summaries(run.run_id),
     )

@@ -91,6 +91,12 @@ class RolloutPlan(Document):
     # Empty: anyone who can reach the approval form may answer. An answer from anyone else, approval
     # or rejection, decides nothing: it is kept in the evidence and the form is asked again.
     approvers: tuple[str, ...] = ()
+    # Signed approvals: each answer must carry an OpenSSF model-signing signature (``revgate approve``)
+    # over its approval statement, made with the private half of the named approver's public key in
+    # ``approver_keys`` (approver -> PEM public key file, or the PEM text itself). An unsigned answer,
+    # a bad signature, another approver's key or a statement about other evidence decides nothing.
+    signed_approval: bool = False
+    approver_keys: dict[str, str] = Field(default_factory=dict)
     # How many replicas of the candidate to start, spread over the spec's worker agents (one host each).
     candidate_replicas: Annotated[int, Field(ge=1)] = 1
 
@@ -115,6 +121,30 @@ class RolloutPlan(Document):
             raise ValueError("approvers must not repeat a name (names are compared case-insensitively)")
         return approvers
 
+    @model_validator(mode="after")
+    def _keys_for_signed_approvers(self) -> RolloutPlan:
+        listed = {name.casefold() for name in self.approvers}
+        if strangers := sorted(name for name in self.approver_keys if name.casefold() not in listed):
+            raise ValueError(f"approver_keys names {', '.join(strangers)}, not in approvers; list each key's "
+                             "approver in approvers too")
+        if any(not key.strip() for key in self.approver_keys.values()):
+            raise ValueError("approver_keys values must be PEM public key files (or PEM text), not empty")
+        if not self.signed_approval:
+            return self
+        if not self.approvers:
+            raise ValueError("signed_approval needs approvers and a public key for each in approver_keys: "
+                             "without them no signature can be checked")
+        keyed = {name.casefold() for name in self.approver_keys}
+        if missing := [name for name in self.approvers if name.casefold() not in keyed]:
+            raise ValueError(f"signed_approval is on but approver_keys has no public key for {', '.join(missing)}; "
+                             "add each approver's PEM public key, or take them off approvers")
+        return self
+
+    def approver_key(self, approver: str) -> str | None:
+        """The public key (a PEM file, or PEM text) of ``approver``, compared trimmed and case-insensitively."""
+        wanted = approver.strip().casefold()
+        return next((key for name, key in self.approver_keys.items() if name.casefold() == wanted), None)
+
     @field_validator("steps")
     @classmethod
     def _weights_rise(cls, steps: tuple[RolloutStep, ...]) -> tuple[RolloutStep, ...]:
@@ -122,6 +152,23 @@ class RolloutPlan(Document):
         if weights != sorted(weights) or len(set(weights)) != len(weights):
             raise ValueError("set_weight steps must strictly increase; a lower weight is a rollback, not a step")
         return steps
+
+
+class ApprovalStatement(Document):
+    """What a signed approval vouches for: this answer, by this person, to this paused flow run's form.
+
+    ``revgate approve`` signs the statement's canonical JSON (as the one file ``approval.json`` of an
+    OpenSSF model-signing signature); the flow checks it against the form it paused with.
+    """
+
+    kind: Literal["ApprovalStatement"] = "ApprovalStatement"
+    api_version: Literal["revgate/v1"] = API_VERSION
+    route: str = Field(min_length=1)
+    flow_run_id: str = Field(min_length=1)
+    evidence_digest: str
+    approver: str = Field(min_length=1)
+    approve: bool
+    comment: str = ""
 
 
 def default_plan(samples_per_stage: int = 2000) -> RolloutPlan:

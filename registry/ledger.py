@@ -21,13 +21,17 @@ from manifests.document import Document
 from manifests.errors import RevgateError
 from manifests.gates import GateReport
 from registry.audit import (
+    ApprovalRecord,
     RunEvidence,
+    SignatureAudit,
     attached,
     check_documents,
+    counted_approvals,
     parse_approval,
     recorded_digests,
     recorded_steps,
     report_for,
+    statement_problem,
 )
 from registry.auditor_view import (
     StageSummary,
@@ -84,8 +88,40 @@ class EvidenceLedger:
         self.client.set_tag(run.run_id, f"revgate.digest.{name}", document.digest)
         return document.digest
 
+    def logged_names(self, run: EvidenceRun) -> set[str]:
+        """The names of the evidence logged in the run so far (each is digest-tagged)."""
+        return set(recorded_digests(self.client.get_run(run.run_id).data.tags))
+
+    def next_name(self, run: EvidenceRun, stem: str, *, plain_first: bool = False) -> str:
+        """The first evidence name of the series ``STEM-1``, ``STEM-2``, ... not logged yet in the run
+        (with ``plain_first``: ``STEM``, then ``STEM-2``, ...), so a second answer never overwrites the first."""
+        taken = self.logged_names(run)
+        if plain_first and stem not in taken:
+            return stem
+        number = 2 if plain_first else 1
+        while f"{stem}-{number}" in taken:
+            number += 1
+        return f"{stem}-{number}"
+
+    def log_json_new(self, run: EvidenceRun, stem: str, data: Any, *, plain_first: bool = False) -> str:
+        """Log ``data`` under the next free name of the series ``stem`` (:meth:`next_name`); the name used.
+
+        :meth:`log_json` replaces what was logged under the same name (the file and its digest tag);
+        evidence that may come more than once in a run (answers to the approval form) goes here.
+        """
+        name = self.next_name(run, stem, plain_first=plain_first)
+        self.log_json(run, name, data)
+        return name
+
+    def tag(self, run: EvidenceRun, key: str, value: str) -> None:
+        """Set one tag on the evidence run."""
+        self.client.set_tag(run.run_id, key, value)
+
     def log_json(self, run: EvidenceRun, name: str, data: Any) -> None:
-        """Log plain JSON evidence (records summaries, step logs) under ``evidence/NAME.json``."""
+        """Log plain JSON evidence (records summaries, step logs) under ``evidence/NAME.json``.
+
+        A second call with the same name replaces the first (file and digest tag): evidence that
+        can come more than once goes through :meth:`log_json_new`."""
         text = json.dumps(data, indent=2, sort_keys=True, default=str)
         self.client.log_text(run.run_id, text, f"evidence/{name}.json")
         # Tagged like a document, so an audit checks these bytes too (the approval among them).
@@ -216,6 +252,7 @@ class EvidenceLedger:
             documents=check_documents(recorded_digests(tags), stored.get),
             approval=approval,
             approved_report=report_for(approval, stored),
+            approvals=approval_records(stored),
         )
 
     def evidence_files(self, run_id: str) -> dict[str, bytes]:
@@ -241,3 +278,35 @@ class EvidenceLedger:
             return {}
         ours = {str(v.version) for v in versions if str(v.tags.get("revgate.fingerprint", "")).startswith(candidate)}
         return {alias: str(version) for alias, version in registered.aliases.items() if str(version) in ours}
+
+
+def approval_records(stored: Mapping[str, bytes]) -> tuple[ApprovalRecord, ...]:
+    """Every counted answer of a run, each signed one's signature verified again from the stored evidence."""
+    records = []
+    for name in counted_approvals(stored):
+        answer = parse_approval(stored[name]) or {}
+        records.append(ApprovalRecord(name, answer, report_for(answer, stored), signature_audit(stored, name, answer)))
+    return tuple(records)
+
+
+def signature_audit(stored: Mapping[str, bytes], name: str, answer: Mapping[str, Any]) -> SignatureAudit | None:
+    """Re-verify the signature of the counted answer ``name`` over its stored statement with its recorded key
+    (None: the answer was not signed)."""
+    statement, bundle = stored.get(f"{name}-statement"), stored.get(f"{name}-signature")
+    signer = parse_approval(stored.get(f"{name}-signer"))
+    if statement is None and bundle is None and signer is None:
+        return None
+    fingerprint = str((signer or {}).get("fingerprint", ""))
+    if statement is None or bundle is None or signer is None:
+        return SignatureAudit(fingerprint, False, "the statement, the signature or the signer's key is missing")
+    from registry.signing import verify_approval  # sigstore: only where a signed approval is audited
+
+    try:
+        verified = verify_approval(statement, bundle.decode("utf-8", "replace"), str(signer.get("public_key", "")))
+    except RevgateError as error:
+        return SignatureAudit(fingerprint, False, error.what)
+    if verified.fingerprint != fingerprint:
+        return SignatureAudit(fingerprint, False, f"the recorded key is {verified.fingerprint}, not {fingerprint}")
+    if problem := statement_problem(answer, statement):
+        return SignatureAudit(fingerprint, False, problem)
+    return SignatureAudit(fingerprint, True)

@@ -10,6 +10,8 @@ signer from a broken signature.
 from __future__ import annotations
 
 import hashlib
+import json
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -284,3 +286,81 @@ def read_signed_files(signature: Path, policy: Policy) -> SignedFiles:
     verifier = _verifier_for(policy, bundle, signature)
     files = _signed_paths(_verified_manifest(verifier, bundle, signature, policy), signature)
     return SignedFiles(files=files, signer=policy.describe())
+
+
+# ---------------------------------------------------------------------------------------------
+# Signed approvals: a release manager's approval statement, signed like a one-file model
+
+
+APPROVAL_FILE = "approval.json"  # the one file of the signed folder: the statement's canonical JSON
+
+
+@dataclass(frozen=True)
+class ApprovalSignature:
+    """A verified approval signature: the key that made it."""
+
+    fingerprint: str  # sha256 of the signer's PEM public key (SubjectPublicKeyInfo), as bundles name it
+    public_key_pem: str
+
+
+def _statement_manifest(statement: bytes) -> ArtifactManifest:
+    return ArtifactManifest.build(entries=[{"path": APPROVAL_FILE, "size": len(statement),
+                                            "sha256": hashlib.sha256(statement).hexdigest(), "role": "other"}])
+
+
+def sign_approval(statement: bytes, private_key: Path, *, password: str | None = None) -> str:
+    """Sign an approval statement with an EC private key; the Sigstore bundle (JSON) of a folder whose one
+    file, ``approval.json``, holds ``statement``. SigningError when the key cannot be read."""
+    with tempfile.TemporaryDirectory(prefix="revgate-approval-") as folder:
+        output = Path(folder) / "approval.sig"
+        sign_with_key(_statement_manifest(statement), output, private_key, password=password,
+                      model_name="revgate-approval")
+        return output.read_text(encoding="utf-8")
+
+
+def public_key_pem(key: str, *, base: Path | None = None) -> str:
+    """The PEM text of a public key given as PEM text or as a PEM file (relative to ``base``)."""
+    if key.lstrip().startswith("-----BEGIN"):
+        return key
+    path = Path(key) if base is None or Path(key).is_absolute() else base / key
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SigningError(f"cannot read the approver's public key ({error})", where=str(path),
+                           fix="Give a readable PEM public key file in the rollout plan's approver_keys.") from None
+
+
+def key_fingerprint(pem: str) -> str:
+    """``sha256:HEX`` of a PEM public key, the hint a key signature's bundle names its key by."""
+    with tempfile.TemporaryDirectory(prefix="revgate-key-") as folder:
+        path = Path(folder) / "key.pub"
+        path.write_text(pem, encoding="utf-8")
+        return "sha256:" + _public_key_hint(path)
+
+
+def signature_key_hint(bundle: str) -> str:
+    """The key a bundle says it was made with (``sha256:HEX``), unverified; empty when it names none."""
+    try:
+        hint = json.loads(bundle)["verificationMaterial"]["publicKey"]["hint"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return f"sha256:{hint}" if isinstance(hint, str) and hint else ""
+
+
+def verify_approval(statement: bytes, bundle: str, public_key: str) -> ApprovalSignature:
+    """Check that ``bundle`` signs exactly ``statement`` with the private half of ``public_key`` (PEM text).
+
+    Raises SignatureInvalid (malformed, edited, or over other bytes) or UntrustedSigner (another key).
+    """
+    with tempfile.TemporaryDirectory(prefix="revgate-approval-") as folder:
+        key = Path(folder) / "approver.pub"
+        key.write_text(public_key, encoding="utf-8")
+        signature = Path(folder) / "approval.sig"
+        signature.write_text(bundle, encoding="utf-8")
+        signed = read_signed_files(signature, KeyPolicy(key))
+        fingerprint = "sha256:" + _public_key_hint(key)
+    expected = {APPROVAL_FILE: hashlib.sha256(statement).hexdigest()}
+    if dict(signed.files) != expected:
+        raise SignatureInvalid("the signature is over other bytes than this approval statement",
+                               where=APPROVAL_FILE, fix="Sign the approval again with `revgate approve`.")
+    return ApprovalSignature(fingerprint, public_key)
