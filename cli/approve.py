@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
+
+from manifests.errors import RevgateError
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -23,17 +26,22 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="your name, as the rollout plan's approvers and approver_keys name you")
     parser.add_argument("--reject", action="store_true", help="reject the candidate (roll back) instead of approving")
     parser.add_argument("--comment", default="", help="why; signed with the answer and kept in the evidence run")
+    parser.add_argument("--prefect-api", default=os.environ.get("PREFECT_API_URL", ""),
+                        help="the Prefect API the run is on (default: $PREFECT_API_URL)")
     parser.add_argument("--password-file", type=Path, help="a file holding the private key's password, if it has one")
     parser.set_defaults(func=run_approve)
 
 
 def run_approve(args: argparse.Namespace) -> int:
     """Sign and send; 0 once the run took the answer (whether it counts, the flow decides and logs)."""
+    if not args.prefect_api:
+        raise RevgateError("no Prefect API named", where="--prefect-api",
+                           fix="Set PREFECT_API_URL (or pass --prefect-api) to the server the paused run is on.")
+    os.environ["PREFECT_API_URL"] = args.prefect_api  # before Prefect is imported: it reads its settings then
+
     from flows.approval import SignedApproval, paused_form, send_answer
-    from manifests.errors import RevgateError
     from manifests.rollout import ApprovalStatement
     from registry.signing import sign_approval, signature_key_hint
-
     approver = args.approver.strip()
     if not approver:
         raise RevgateError("--as names nobody", where="--as", fix="Give your name as the rollout plan lists it.")

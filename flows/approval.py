@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import httpx
 from prefect import get_run_logger
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
@@ -222,7 +223,12 @@ def paused_form(reference: str) -> PausedForm:
     from prefect.input.actions import read_flow_run_input
     from prefect.input.run_input import keyset_from_paused_state
 
-    run = find_flow_run(reference)
+    try:
+        run = find_flow_run(reference)
+    except httpx.HTTPError as error:
+        raise ApprovalRunError(f"cannot reach the Prefect API ({type(error).__name__}: {error})",
+                               where="PREFECT_API_URL", fix="Check the address and that the server is up; "
+                                                            "nothing was sent.") from None
     state = run.state
     if state is None or not state.is_paused():
         raise ApprovalRunError(f"flow run {run.name!r} ({run.id}) is not paused for approval: it is "
