@@ -3,7 +3,8 @@ submits a run of the promote-revision deployment, the worker's run reads the sit
 loads the candidate on a worker agent running vLLM on the CPU, moves half the traffic through a
 router, pauses for a release manager's approval (the command points at the form), bakes, and
 promotes; users' traffic flows through the router the whole time. And two routes, each with its own
-router and stable replica, rolled out at the same time by one worker.
+router and stable replica, rolled out at the same time by one worker; a stable replica that another
+route of the store still names is not drained by the promotion that retires it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from flows.site import ROUTE_ONLY, RouteSite
 from flows.steps import start_replica
 from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
-from manifests.route import RevisionTarget
+from manifests.route import RevisionTarget, RouteSnapshot
 from manifests.route_change import successor
 from serving.worker.request import ReplicaRequest
 from tests.integration.rollout_estate import WARM, Estate, Rollout, estate, rollout, wait_until
@@ -95,6 +96,12 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
         assert handle.traffic.served_by(promoted.stable.fingerprint)
 
 
+def replica_states(parts: Estate, target: RevisionTarget) -> list[str]:
+    """The states of the worker's replicas behind the target's endpoint (a port may be used again)."""
+    return [str(r["state"]) for r in parts.client.replicas()
+            if str(r.get("endpoint", "")).rstrip("/") == target.endpoints[0].rstrip("/")]
+
+
 @pytest.mark.timeout(900)
 def test_two_routes_roll_out_at_the_same_time_on_one_worker(zoo_dir: Path, prefect_api: str, tmp_path: Path) -> None:
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=5)], lease_seconds=20,
@@ -104,6 +111,11 @@ def test_two_routes_roll_out_at_the_same_time_on_one_worker(zoo_dir: Path, prefe
             rollout(parts, tmp_path / "right", "right", plan, rate=0.5) as right:
         own_stable(parts, right)
         stables = {handle.route: handle.current().stable.fingerprint for handle in (left, right)}
+        # Another route of left's store serves from left's stable replica: left's promotion must not drain it.
+        shared = left.current().stable
+        left.store.write(RouteSnapshot(route="batch", generation=1, stable=shared, created_by="seed",
+                                       created_at=datetime.now(UTC)))
+        right_stable = right.current().stable
         env = revgate_env(prefect_api, site_of([left, right], tmp_path / "site.json"))
         with deployed(env, tmp_path):
             commands = [subprocess.Popen([sys.executable, "-m", "cli.main", "promote", route, "improved", "--approval",
@@ -118,3 +130,7 @@ def test_two_routes_roll_out_at_the_same_time_on_one_worker(zoo_dir: Path, prefe
             promoted = handle.current()
             assert promoted.stable.fingerprint != stables[handle.route] and promoted.candidate is None
             assert handle.traffic.failed() == [], handle.traffic.failed()[:3]
+        # Right's old stable replica, which no route names any more, is drained; the shared one still serves.
+        wait_until(lambda: {"draining", "terminated"} & set(replica_states(parts, right_stable)), 60,
+                   "right's retired stable replica drained")
+        assert replica_states(parts, shared) == ["ready"]
