@@ -5,8 +5,8 @@ CPU, moves a quarter of the traffic through the route's router and pauses for ap
 Resume form a name not on the plan's allow-list approves nothing: the run stays paused and asks again,
 and the canary stays where it was. A listed name approves, and the run goes on to promotion.
 
-With ``REVGATE_DOCS_SCREENSHOTS=docs/img`` it retakes the docs' screenshots of the approval form
-and of the finished run's page.
+With ``REVGATE_DOCS_SCREENSHOTS=docs/img`` it retakes the docs' screenshot of the finished run's page
+(the approval form's, with a gate report above it, comes from test_demo_approval_ui.py).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def answer_on_the_resume_form(page: Any, ui_url: str, run_id: UUID, approver: st
     form.get_by_role("switch").click()
     form.locator("textarea").nth(2).fill(f"{approver}: the canary's gates read well")
     if shot is not None:
-        screenshot(form, "prefect-approval.png", shot)
+        form.screenshot(path=str(shot / "prefect-approval.png"))  # the docs' one shows a report: see above
     form.get_by_role("button", name="Submit").click()
     expect(form).to_be_hidden(timeout=30_000)
 
