@@ -186,3 +186,8 @@ def test_a_deployment_run_puts_the_candidate_on_every_agent_and_every_router_ser
         served = json.loads(Path(client.download_artifacts(evidence_run.info.run_id, path, str(tmp_path))).read_text())
         assert set(served["served"]) == {admin_a.rstrip("/"), admin_b.rstrip("/")}
         assert all(seen is not None and seen >= generation for seen in served["served"].values()), served
+    # Each candidate replica has its own record in the evidence, one per agent; the load step counts both.
+    replicas = [json.loads(Path(client.download_artifacts(evidence_run.info.run_id, path, str(tmp_path))).read_text())
+                for path in sorted(listed) if path.startswith("evidence/replica-")]
+    assert sorted(r["worker_url"].rstrip("/") for r in replicas) == sorted(a.rstrip("/") for a in agents), replicas
+    assert evidence_run.data.metrics["load.replicas"] == 2
