@@ -43,7 +43,7 @@ COLUMNS = re.compile(r"\S {2,}\S")  # output lays out columns with runs of space
 
 @dataclass(frozen=True)
 class DocumentedOnly:
-    """A command for a production setup that cannot run here; ``reason`` says why."""
+    """A command no test here can run (a production setup, the suite itself); ``reason`` says why."""
 
     reason: str
 
@@ -61,7 +61,9 @@ class Shown:
 
 
 ARTIFACTS = "tests/integration/test_cli_artifacts.py"
-GUIDE = "tests/integration/test_engineer_guide_commands.py::test_the_engineer_guide_publishes_a_revision_as_shown"
+ENGINEER = "tests/integration/test_engineer_guide_commands.py"
+GUIDE = f"{ENGINEER}::test_the_engineer_guide_publishes_a_revision_as_shown"
+FOLLOW = f"{ENGINEER}::test_the_engineer_guide_follows_and_rolls_back_a_canary_as_shown"
 DEPLOYMENTS = "tests/integration/test_deployments.py"
 DEMO = "tests/integration/test_promotion_demo.py"
 STATUS = "tests/integration/test_status.py"
@@ -112,9 +114,9 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
         "tests/integration/test_deployment_rollout.py::"
         "test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_worker",
         f"{DEPLOYMENTS}::test_an_unknown_name_names_what_the_site_has"),
-    "revgate status chat --routes /srv/routes": (f"{STATUS}::test_plain_output_and_watch",),
+    "revgate status chat --routes /srv/routes": (FOLLOW, f"{STATUS}::test_plain_output_and_watch"),
     "revgate rollback --routes /srv/routes --route chat --created-by ana --dry-run": (
-        "tests/integration/test_rollback_cli.py::test_rollback_reverts_the_last_promotion_atomically",),
+        FOLLOW, "tests/integration/test_rollback_cli.py::test_rollback_reverts_the_last_promotion_atomically"),
     "revgate rollback --routes /srv/routes --route chat --created-by ana --notify http://router:8081 "
     "--admin-token-file router.token": (
         "tests/integration/test_rollback_cli.py::test_rollback_tells_the_routers_it_knows_and_the_others_poll_it_in",),
@@ -128,9 +130,9 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     # docs/models.md
     "revgate models make .cache/zoo": (
         "tests/integration/test_zoo.py::test_models_make_is_deterministic_and_reuses_its_cache",),
-    "revgate models eval .cache/zoo --markdown": DocumentedOnly(
-        "serves every zoo revision with vLLM in turn and measures each (many minutes on a CPU); the same "
-        "measuring code runs in the zoo_eval fixture (tests/conftest.py) for tests/integration/test_zoo.py"),
+    "revgate models eval .cache/zoo --markdown": (
+        "tests/integration/test_models_eval_cli.py::"
+        "test_models_eval_serves_a_revision_measures_it_and_prints_the_docs_table",),
     # docs/operations.md
     "revgate status chat --routes .cache/routes --router http://127.0.0.1:8081 --router-token-file router.token "
     "--worker http://127.0.0.1:9000 --worker-token-file worker.token --tracking-uri sqlite:///.cache/mlflow.db "
