@@ -127,14 +127,7 @@ def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: floa
     """Start, verify, load and warm a replica on the worker; its view once ready, else the worker's reason."""
     replica = client.start(request)
     view = client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s)
-    if view.get("state") != "ready":
-        failure = view.get("failure") or {}
-        reason = f"{failure.get('error', '')} {failure.get('message', '')}".strip()
-        raise PromotionRefused(
-            f"replica of {request.revision.name or request.revision.short} ended {view.get('state')}: {reason}",
-            where=client.url, fix="Read the replica's reason in the worker's log; nothing was routed to it.",
-        )
-    return view
+    return ready_view(client, view, f"replica of {request.revision.name or request.revision.short}")
 
 
 def start_candidates(spec: PromotionSpec, revision: ServiceRevision) -> list[dict[str, Any]]:
@@ -151,11 +144,16 @@ def wait_ready(spec: PromotionSpec, replica: dict[str, Any], timeout_s: float = 
     """The started replica's view once ready (with its ``worker_url``), else PromotionRefused with the reason."""
     client = worker(spec, replica.get("worker_url"))
     view = {**client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s), "worker_url": client.url}
+    return ready_view(client, view, f"replica {replica['replica_id']}")
+
+
+def ready_view(client: WorkerClient, view: dict[str, Any], what: str) -> dict[str, Any]:
+    """``view`` if its replica is ready, else PromotionRefused with the worker's reason."""
     if view.get("state") != "ready":
         failure = view.get("failure") or {}
         reason = f"{failure.get('error', '')} {failure.get('message', '')}".strip()
         raise PromotionRefused(
-            f"replica {replica['replica_id']} ended {view.get('state')}: {reason}",
+            f"{what} ended {view.get('state')}: {reason}",
             where=client.url, fix="Read the replica's reason in the worker's log; nothing was routed to it.",
         )
     return view
