@@ -448,8 +448,8 @@ def paired_numbers(decision: paired.QualityDecision, differences: NDArray[np.flo
     return numbers
 
 
-def _plan(settings: PairedPolicy, alpha: float) -> paired.LookPlan:
-    return paired.LookPlan(alpha, settings.max_pairs_per_stage, settings.look_every)
+def _plan(settings: PairedPolicy, alpha: float, horizon: int | None = None) -> paired.LookPlan:
+    return paired.LookPlan(alpha, horizon or settings.max_pairs_per_stage, settings.look_every)
 
 
 def _unmatched_numbers(records: Sequence[RequestRecord], policy: GatePolicy) -> dict[str, str]:
@@ -556,7 +556,7 @@ class PairedLatencyGate:
 
     def _slice(self, name: str, values: list[float], alpha: float) -> SliceResult:
         differences = np.array(values, dtype=float)
-        looks = paired.latency_looks(differences, _plan(self.settings, alpha))
+        looks = paired.latency_looks(differences, _plan(self.settings, alpha, self.settings.latency_horizon))
         tolerance = math.log1p(float(self.settings.latency_margin))
         decision = paired.decide_tolerance(looks, tolerance)
         outcome, reason = _slice_outcome(decision, differences.size, self.policy.min_samples_per_slice, False)

@@ -85,10 +85,12 @@ def demo_policy() -> GatePolicy:
     below that so that the last planned look is reached even when the random mix runs short. With
     so few samples an 8-point quality margin and a 2-point error margin are what can be shown; a
     slice that is measurably worse fails whatever the margin. Latency is judged in shadow, paired on
-    the same request, with a margin of 0.8 (1.8x, 0.59 in log latency) above the noise of one host:
-    the worker gives each engine its own cores and the probes are paced (docs/gates.md), and what
-    remains is other work on the two shared cores (measured: `slow` 4.9x in TPOT and 3.8x in E2E,
-    `improved` 0.77x and 0.75x).
+    the same request, with a margin of 0.5 (1.5x) above the noise of one host: the worker gives each
+    engine its own cores and the probes are paced (docs/gates.md), and what remains is other work on
+    the two shared cores. Measured: `slow` 4.9x stable in TPOT and 3.8x in E2E on a quiet host, but
+    only 2.35x and 1.05x under a full test run, where its TPOT interval after 160 pairs still reached
+    down to 1.41x; `improved` 0.77x and 0.75x. So latency looks over all pairs up to 480 (the stage
+    collects about 1,200), not the quality slices' 160.
     The canary's two-sample latency test stays off: the zoo's answers are 2 to 8 tokens, often
     streamed several to a chunk, so a request's TPOT is often near zero and its log dominates the
     mean (improved measured 46x stable's TPOT at the first canary look). The canary keeps the SLO
@@ -96,8 +98,8 @@ def demo_policy() -> GatePolicy:
     users' prompts, by a label-free check.
     """
     slo = {"ttft_ms": 2000, "e2e_ms": 5000, "attainment": "0.9"}
-    paired = {"quality_margin": "0.08", "latency_margin": "0.8", "latency_metrics": ["tpot", "e2e"],
-              "max_pairs_per_stage": 160, "look_every": 40,
+    paired = {"quality_margin": "0.08", "latency_margin": "0.5", "latency_metrics": ["tpot", "e2e"],
+              "max_pairs_per_stage": 160, "latency_max_pairs_per_stage": 480, "look_every": 40,
               "graders": [{"name": "reference", "kind": "reference"}, {"name": "answered", "kind": "not-empty"}]}
     return GatePolicy.build(slice_keys=["family", "length"], quality_margin="0.08", error_margin="0.02",
                             min_samples_per_slice=30, max_samples_per_stage=160, look_every=40,

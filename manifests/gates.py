@@ -150,14 +150,24 @@ class PairedPolicy(Document):
     latency_slice_keys: tuple[str, ...] = ()
     max_pairs_per_stage: Annotated[int, Field(ge=1)] = 2000
     look_every: Annotated[int, Field(ge=1)] = 100
+    # The latency gates' own horizon (None: max_pairs_per_stage). Latency is judged over all pairs
+    # (or a few latency slices) while quality is judged per slice, so latency may look further.
+    latency_max_pairs_per_stage: Annotated[int, Field(ge=1)] | None = None
     graders: tuple[PairedGrader, ...] = ()  # none: the stage's own reference grading feeds the gate
 
     _fractions = field_validator("quality_margin", "latency_margin", mode="before")(_decimal_from_text)
+
+    @property
+    def latency_horizon(self) -> int:
+        """Pairs per latency slice at the last planned look."""
+        return self.latency_max_pairs_per_stage or self.max_pairs_per_stage
 
     @model_validator(mode="after")
     def _consistent(self) -> PairedPolicy:
         if self.look_every > self.max_pairs_per_stage:
             raise ValueError("look_every is larger than max_pairs_per_stage: no look would happen")
+        if self.look_every > self.latency_horizon:
+            raise ValueError("look_every is larger than latency_max_pairs_per_stage: no latency look would happen")
         names = [g.name for g in self.graders]
         if len(set(names)) != len(names):
             raise ValueError("two graders share a name")

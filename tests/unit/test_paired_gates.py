@@ -170,6 +170,20 @@ def test_a_slowdown_beyond_the_margin_fails_and_scheduling_noise_within_it_passe
     assert PairedLatencyGate(p, settings(p), "ttft", 0.025).evaluate(noisy).outcome == "pass"
 
 
+def test_latency_looks_up_to_its_own_horizon_while_quality_stops_at_the_slices_one() -> None:
+    # A moderate slowdown with noisy pairs: undecided within the slices' horizon, shown beyond the margin later.
+    even = {f: (0.9, 0.9) for f in FAMILIES}
+    slow = shadow(480, even, slowdown=2.3, pair_noise=2.0, seed=0)
+    short = policy(latency_margin="0.5", max_pairs_per_stage=80, look_every=40)
+    result = PairedLatencyGate(short, settings(short), "ttft", 0.025).evaluate(slow)
+    assert result.outcome == "inconclusive" and result.slices[0].numbers["look_pairs"] == "80"
+    longer = policy(latency_margin="0.5", max_pairs_per_stage=80, look_every=40, latency_max_pairs_per_stage=480)
+    result = PairedLatencyGate(longer, settings(longer), "ttft", 0.025).evaluate(slow)
+    assert result.outcome == "fail" and int(result.slices[0].numbers["look_pairs"]) > 80
+    quality = PairedQualityGate(longer, settings(longer)).evaluate(slow)
+    assert {s.numbers.get("look_pairs") for s in quality.slices} <= {"80", None}
+
+
 def test_failed_answers_are_not_latency_pairs() -> None:
     p = policy()
     evidence = shadow(100, {f: (0.9, 0.9) for f in FAMILIES})

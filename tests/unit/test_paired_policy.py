@@ -44,6 +44,8 @@ def test_paired_and_slicing_sections_round_trip() -> None:
         ({"graders": [{"name": "Bad Name", "kind": "not-empty"}]}, "name"),
         ({"graders": [{"name": "a", "kind": "not-empty"}, {"name": "a", "kind": "not-refusal"}]}, "share a name"),
         ({"look_every": 500, "max_pairs_per_stage": 100}, "look_every"),
+        ({"look_every": 50, "max_pairs_per_stage": 100, "latency_max_pairs_per_stage": 40},
+         "latency_max_pairs_per_stage"),
         ({"latency_margin": "-0.1"}, "latency_margin"),
     ],
 )
