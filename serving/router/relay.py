@@ -124,6 +124,17 @@ class Relay:
         """The whole response arrived (a cancelled wait leaves this False)."""
         return self.last_s is not None and self.error is None
 
+    @property
+    def stream_done(self) -> bool:
+        """An event stream whose ``[DONE]`` event was relayed: the answer is whole.
+
+        The OpenAI SDK closes its connection as soon as it reads ``[DONE]``, often before the
+        engine ends the body; such a caller was served, not one who walked away.
+        """
+        if not (self.started and self.streamed and self.parts):
+            return False
+        return b"".join(self.parts[-2:]).rstrip().endswith(b"data: [DONE]")
+
     def body(self) -> bytes:
         """Everything received so far."""
         parts = self.parts

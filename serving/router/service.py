@@ -470,9 +470,9 @@ class Router:
             call.caller.transport.abort()  # a truncated stream must not look complete
 
     def _abandoned(self, call: Call) -> None:
-        """The caller went away (after a complete answer, it still counts as served)."""
+        """The caller went away (after a complete answer, or a stream's [DONE], it still counts as served)."""
         relay = call.relay
-        if relay is not None and relay.started and relay.complete:
+        if relay is not None and relay.started and (relay.complete or relay.stream_done):
             self._finish(call, _outcome(relay.status), "")
         else:
             self._finish(call, "cancelled", "the caller disconnected")

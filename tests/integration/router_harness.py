@@ -51,6 +51,7 @@ class Upstream:
     seen: list[dict[str, Any]] = field(default_factory=list)
     fail_next: int = 0  # answer this many requests with 503 first
     cancelled: int = 0  # streams whose caller went away mid-stream
+    linger_after_done_s: float = 0.0  # hold the body open after [DONE], as a busy engine may before its last chunk
 
     @property
     def url(self) -> str:
@@ -92,6 +93,7 @@ class Upstream:
                 finish = "length" if index == tokens - 1 else None
                 yield b"data: " + json.dumps(_chunk(self.name, chat, piece, finish)).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
+            await asyncio.sleep(self.linger_after_done_s)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise

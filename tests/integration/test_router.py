@@ -220,6 +220,25 @@ def test_caller_disconnect_cancels_the_upstream_stream(router: RouterProcess, fa
     assert outcome == ["cancelled"]
 
 
+def test_a_stream_the_caller_closes_after_done_is_served_not_cancelled(router: RouterProcess,
+                                                                       farm: UpstreamFarm) -> None:
+    # The OpenAI SDK closes the connection as soon as it reads [DONE]; an engine under load may
+    # send the end of the body later. The answer was whole: it must count as served, with its tokens.
+    router.commit(stable_a(farm))
+    for name in ("a1", "a2"):
+        farm[name].linger_after_done_s = 2.0
+    try:
+        client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+        stream = client.completions.create(model=ROUTE, prompt="hi", max_tokens=4, stream=True,
+                                           extra_headers={"x-request-id": "closed-after-done"})
+        assert [chunk.choices[0].finish_reason for chunk in stream][-1] == "length"
+        [record] = records(router, "closed-after-done", 1)
+    finally:
+        for name in ("a1", "a2"):
+            farm[name].linger_after_done_s = 0.0
+    assert (record.outcome, record.output_tokens, record.error) == ("ok", 4, ""), record
+
+
 def test_admin_needs_the_token_and_metrics_are_bounded(router: RouterProcess) -> None:
     assert httpx.post(f"{router.admin_url}/admin/notify").status_code == 401
     wrong = httpx.post(f"{router.admin_url}/admin/notify", headers={"Authorization": "Bearer nope"})
