@@ -8,9 +8,11 @@ route; MLflow keeps no alias history, so every move is also recorded as a regist
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +54,22 @@ def sqlite_uri(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
+@contextlib.contextmanager
+def _store_creation_lock(tracking_uri: str) -> Iterator[None]:
+    """Hold an exclusive lock beside an embedded SQLite store (``FILE.lock``); a server needs none."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    lock = Path(tracking_uri.removeprefix("sqlite:///") + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @dataclass(frozen=True, slots=True)
 class EvidenceRun:
     """An open evidence run: its id and the experiment it belongs to."""
@@ -66,7 +84,11 @@ class EvidenceLedger:
     def __init__(self, tracking_uri: str, artifact_root: Path) -> None:
         from mlflow.tracking import MlflowClient  # heavy: imported only where evidence is written
 
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        with _store_creation_lock(tracking_uri):
+            # The first use of a new SQLite file creates MLflow's tables; promotions that start
+            # together would each create them, and all but one fail ("table ... already exists").
+            self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+            self.client.search_registered_models(max_results=1)  # the registry's store opens lazily
         self.artifact_root = artifact_root
 
     def open_run(self, route: str, candidate: str, tags: Mapping[str, str] | None = None) -> EvidenceRun:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from manifests import ArtifactManifest
 from manifests.canonical import sha256_digest
 from registry.ledger import EvidenceLedger, sqlite_uri
+from tests.conftest import ROOT
 from tests.integration.browser import browser_page
 from tests.integration.commands import revgate
 
@@ -135,3 +137,28 @@ def test_an_auditor_follows_a_model_version_to_its_evidence_in_the_mlflow_ui(tmp
         expect(page.get_by_text('"checked sort/long"')).to_be_visible(timeout=60_000)
         page.get_by_text("artifact-manifest.json").click()
         expect(page.get_by_text('"config.json"')).to_be_visible(timeout=60_000)
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from registry.ledger import EvidenceLedger, sqlite_uri
+folder, route = Path(sys.argv[1]), sys.argv[2]
+while not (folder / "go").exists():  # every process opens the new store at the same moment
+    time.sleep(0.005)
+ledger = EvidenceLedger(sqlite_uri(folder / "mlflow.db"), folder / "artifacts")
+ledger.close(ledger.open_run(route, "sha256:" + "3" * 64), "promoted")
+"""
+
+
+def test_promotions_that_start_together_share_a_new_store(tmp_path: Path) -> None:
+    # Two routes promoted at once on one worker both open the embedded store; the first use of a new
+    # SQLite file creates MLflow's tables, and two creators at once broke one of the promotions.
+    routes = [f"route-{index}" for index in range(4)]
+    processes = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path), route], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for route in routes]
+    (tmp_path / "go").touch()
+    printed = [process.communicate(timeout=240)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0] * len(routes), printed
+    ledger = EvidenceLedger(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "artifacts")
+    assert {ledger.latest_run(route).data.tags["revgate.decision"] for route in routes} == {"promoted"}
