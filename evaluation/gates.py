@@ -153,16 +153,20 @@ def mean_gap(worse: NDArray[np.float64], better: NDArray[np.float64]) -> tuple[f
 
 
 def sequential_compare(
-    worse: ArmSeries, better: ArmSeries, estimator: Estimator, *, alpha: float, policy: GatePolicy, margin: float
+    worse: ArmSeries, better: ArmSeries, estimator: Estimator, *, alpha: float, policy: GatePolicy, margin: float,
+    horizon: int | None = None, look_every: int | None = None, harm: float = 0.0,
 ) -> sequential.SequentialDecision:
     """Evaluate the planned looks made so far (``worse`` is the arm whose excess counts as harm).
 
     A look of size n happens once both arms have n observations; it uses every observation that
     arrived by then. Observations after the stage's maximum are outside the plan and are ignored.
+    ``horizon`` and ``look_every`` replace the policy's for one gate (the latency gates' own plan);
+    ``harm`` is the shift a look must show the candidate beyond to call it worse (0: any shift).
     """
-    horizon = policy.max_samples_per_stage
-    sizes = sequential.look_sizes(horizon, policy.look_every)
-    bounds = sequential.spending_boundary(alpha, sequential.look_fractions(horizon, policy.look_every))
+    horizon = horizon or policy.max_samples_per_stage
+    every = look_every or policy.look_every
+    sizes = sequential.look_sizes(horizon, every)
+    bounds = sequential.spending_boundary(alpha, sequential.look_fractions(horizon, every))
     looks = []
     for size, bound in zip(sizes, bounds, strict=True):
         if min(len(worse), len(better)) < size:
@@ -172,7 +176,7 @@ def sequential_compare(
         n_b = int(np.searchsorted(better.arrivals, at, side="right"))
         estimate, se = estimator(worse.values[:n_w], better.values[:n_b])
         looks.append(sequential.SequentialLook(size, estimate, se, bound))
-    return sequential.decide_shift(tuple(looks), margin)
+    return sequential.decide_between(tuple(looks), harm, margin)
 
 
 def decision_numbers(
@@ -367,11 +371,15 @@ class LatencyGate:
         """Sequential Welch comparison of log latency; the estimate is reported as a ratio too."""
         candidate = _series(evidence.candidate, log_latency(self.metric))
         stable = _series(evidence.stable, log_latency(self.metric))
-        margin = math.log1p(float(self.policy.latency_margin))
-        decision = sequential_compare(candidate, stable, mean_gap, alpha=self.alpha, policy=self.policy, margin=margin)
-        outcome, reason = _slice_outcome(
-            decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False
-        )
+        policy = self.policy
+        margin, harm = math.log1p(float(policy.latency_margin)), math.log1p(float(policy.latency_fail_above or 0))
+        decision = sequential_compare(candidate, stable, mean_gap, alpha=self.alpha, policy=policy, margin=margin,
+                                      horizon=policy.latency_horizon, look_every=policy.latency_look_interval,
+                                      harm=harm)
+        samples = min(len(candidate), len(stable))
+        outcome, reason = _slice_outcome(decision, samples, policy.min_samples_per_slice, False)
+        if outcome == "fail" and harm:
+            reason = f"slower than stable by more than {policy.latency_fail_above} at look n={decision.decided_at}"
         numbers = decision_numbers(decision, candidate, stable)
         if decision.looks:
             numbers["ratio"] = fmt(math.exp(float(numbers["estimate"])))

@@ -180,11 +180,7 @@ def decide_tolerance(looks: tuple[sequential.SequentialLook, ...], tolerance: fl
     A latency shift inside the tolerance is noise the policy accepts, so only a shift shown beyond
     it fails (a shift of exactly the tolerance decides neither way, by design of both tests).
     """
-    shifted = tuple(
-        sequential.SequentialLook(lk.samples, lk.estimate - tolerance, lk.standard_error, lk.boundary) for lk in looks
-    )
-    decision = sequential.decide_shift(shifted, 0.0)
-    return sequential.SequentialDecision(decision.verdict, decision.decided_at, looks)
+    return sequential.decide_between(looks, tolerance, tolerance)
 
 
 def log_ratio(stable_s: float | None, candidate_s: float | None) -> float | None:

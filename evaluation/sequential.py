@@ -198,6 +198,17 @@ def decide_shift(looks: tuple[SequentialLook, ...], margin: float) -> Sequential
     return SequentialDecision(verdict, None if verdict == "open" else looks[int(first)].samples, looks)
 
 
+def decide_between(looks: tuple[SequentialLook, ...], harm: float, margin: float) -> SequentialDecision:
+    """Worse when a repeated interval lies above ``harm``; within when it lies below ``margin``.
+
+    ``harm`` 0 is :func:`decide_shift`. A positive ``harm`` accepts a shift up to it as noise: only a
+    shift shown beyond it is worse. The decision keeps the looks as measured (unshifted).
+    """
+    shifted = tuple(SequentialLook(lk.samples, lk.estimate - harm, lk.standard_error, lk.boundary) for lk in looks)
+    decision = decide_shift(shifted, margin - harm)
+    return SequentialDecision(decision.verdict, decision.decided_at, looks)
+
+
 def _log_mixture_ratio(successes: int, trials: int, p0: float, prior_a: float, prior_b: float) -> float:
     """log of the beta-binomial mixture likelihood ratio against the point null ``p0``."""
     failures = trials - successes

@@ -86,10 +86,16 @@ def demo_policy() -> GatePolicy:
     so few samples an 8-point quality margin and a 2-point error margin are what can be shown; a
     slice that is measurably worse fails whatever the margin. Latency is judged in the canary, where
     both revisions serve the same mix of requests side by side under the same load: two-sample
-    tests of log TTFT and log E2E, failing when the candidate is shown slower, passing when shown
-    within 1.5x. Not in shadow: there stable serves the probes and the users at once while the shadow
-    answers the mirror's copies after stable's answers, so a pair's two latencies are taken under
-    different loads (measured on one stage of `slow`: its paired E2E drifted from 1.4x stable's to
+    tests of log TTFT and log E2E, failing when the candidate is shown more than 1.15x slower, passing
+    when shown within 1.5x. The engines sit on cores of their own, so whatever else runs on the host
+    lands on one of them: identical revisions measured 1.18x apart with their cores swapped, and
+    `improved` came out 1.79x stable's E2E over the first ten seconds of one canary while a browser
+    closed on the host (0.94x over the whole of another). So slowdowns under 1.15x are not failed, and
+    the latency looks come every 120 samples per arm up to 480, past a few seconds' transient.
+
+    Not in shadow: there stable serves the probes and the users at once while the shadow answers
+    the mirror's copies after stable's answers, so a pair's two latencies are taken under different
+    loads (measured on one stage of `slow`: its paired E2E drifted from 1.4x stable's to
     0.4x as the mirror's backlog drained; its paired TPOT ranged 0.4x to 2.35x between runs). TPOT
     stays out of the two-sample tests: the zoo's answers are 2 to 8 tokens, often streamed several
     to a chunk, so a request's TPOT is often near zero and its log dominates the mean (improved
@@ -102,7 +108,8 @@ def demo_policy() -> GatePolicy:
               "graders": [{"name": "reference", "kind": "reference"}, {"name": "answered", "kind": "not-empty"}]}
     return GatePolicy.build(slice_keys=["family", "length"], quality_margin="0.08", error_margin="0.02",
                             min_samples_per_slice=30, max_samples_per_stage=160, look_every=40,
-                            latency_metrics=["ttft", "e2e"], latency_margin="0.5", slo=[slo], paired=paired)
+                            latency_metrics=["ttft", "e2e"], latency_margin="0.5", latency_fail_above="0.15",
+                            latency_max_samples_per_stage=480, latency_look_every=120, slo=[slo], paired=paired)
 
 
 USER_RATE = 0.5  # users' requests per second in the background (what one replica of `slow` carries here)

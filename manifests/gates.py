@@ -225,6 +225,9 @@ class GatePolicy(Document):
     quality_margin: Fraction = Decimal("0.02")
     error_margin: Fraction = Decimal("0.01")
     latency_margin: Fraction = Decimal("0.1")  # tolerated relative slowdown (0.10 = 10 %)
+    # Fail latency only when the candidate is shown slower than this (0.2 = 1.2x stable's); unset: shown
+    # slower at all. Replicas on different hosts or cores differ by some amount whatever they serve.
+    latency_fail_above: Fraction | None = None
     latency_metrics: tuple[LatencyMetric, ...] = ("ttft", "e2e")
     slice_keys: tuple[str, ...] = ()
     slo: tuple[SloTarget, ...] = ()
@@ -233,19 +236,40 @@ class GatePolicy(Document):
     critical_slices: tuple[str, ...] = ()
     max_samples_per_stage: Annotated[int, Field(ge=1)] = 2000  # per arm and slice: the sequential horizon
     look_every: Annotated[int, Field(ge=1)] = 100
+    # The two-sample latency gates' own horizon and look spacing (unset: the two above). Latency is one
+    # series per arm, not one per slice, and a host's transient load skews a short window: looking
+    # later and further averages it out (see flows/demo.py).
+    latency_max_samples_per_stage: Annotated[int, Field(ge=1)] | None = None
+    latency_look_every: Annotated[int, Field(ge=1)] | None = None
     srm_alpha: OpenFraction = Decimal("0.001")
     on_inconclusive: Literal["pause", "fail"] = "pause"
     paired: PairedPolicy | None = None  # shadow stage: paired gates instead of two-sample ones
     slicing: Slicing | None = None  # live traffic: slices from request features instead of slice_keys
 
     _fractions = field_validator(
-        "alpha", "quality_margin", "error_margin", "latency_margin", "srm_alpha", mode="before"
+        "alpha", "quality_margin", "error_margin", "latency_margin", "latency_fail_above", "srm_alpha", mode="before"
     )(_decimal_from_text)
+
+    @property
+    def latency_horizon(self) -> int:
+        """The most samples per arm the two-sample latency gates look at in one stage."""
+        return self.latency_max_samples_per_stage or self.max_samples_per_stage
+
+    @property
+    def latency_look_interval(self) -> int:
+        """Samples per arm between the two-sample latency gates' looks."""
+        return self.latency_look_every or self.look_every
 
     @model_validator(mode="after")
     def _consistent(self) -> GatePolicy:
         if self.look_every > self.max_samples_per_stage:
             raise ValueError("look_every is larger than max_samples_per_stage: no look would happen")
+        if self.latency_fail_above is not None and self.latency_fail_above > self.latency_margin:
+            raise ValueError("latency_fail_above is larger than latency_margin: a slowdown between them would "
+                             "neither pass nor fail")
+        if self.latency_look_interval > self.latency_horizon:
+            raise ValueError("latency_look_every is larger than the latency horizon (latency_max_samples_per_stage, "
+                             "else max_samples_per_stage): no latency look would happen")
         if self.min_samples_per_slice > self.max_samples_per_stage:
             raise ValueError("min_samples_per_slice is larger than max_samples_per_stage: no slice could pass")
         if len(set(self.slice_keys)) != len(self.slice_keys):
@@ -261,7 +285,8 @@ class GatePolicy(Document):
     def _without_unset_sections(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Sections added later are left out while unset, so a policy written before them keeps its digest.
         data: dict[str, Any] = handler(self)
-        return {k: v for k, v in data.items() if not (k in ("paired", "slicing") and v is None)}
+        later = ("paired", "slicing", "latency_fail_above", "latency_max_samples_per_stage", "latency_look_every")
+        return {k: v for k, v in data.items() if not (k in later and v is None)}
 
 
 class SliceResult(Document):

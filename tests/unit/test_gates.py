@@ -98,6 +98,9 @@ def test_policy_round_trips_through_canonical_json_with_a_stable_digest() -> Non
         ({"alpha": "1.5"}, "alpha"),
         ({"alpha": 0.05}, "alpha"),  # a float is refused: fractions are decimal strings
         ({"look_every": 5000}, "look_every"),
+        ({"latency_look_every": 5000}, "latency_look_every"),
+        ({"latency_max_samples_per_stage": 50}, "latency_look_every"),
+        ({"latency_margin": "0.2", "latency_fail_above": "0.3"}, "latency_fail_above"),
         ({"slo": [{"attainment": "0.9"}]}, "at least one"),
         ({"slo": [{"e2e_ms": 10, "attainment": "0.9", "request_class": "long"}]}, "request_class"),
         ({"surprise": 1}, "surprise"),
@@ -180,6 +183,32 @@ def test_latency_regression_on_log_latency() -> None:
     slow = LatencyGate(policy(), "ttft", 0.025).evaluate(evidence(EVEN, EVEN, latency_s=0.13))
     assert slow.outcome == "fail" and float(slow.numbers["ratio"]) > 1.2
     assert LatencyGate(policy(), "e2e", 0.025).evaluate(evidence(EVEN, EVEN)).outcome == "pass"
+
+
+def test_a_slowdown_below_latency_fail_above_is_not_failed() -> None:
+    # 1.15x slower on every request: shown slower, so the default (a 10% margin) fails it; with 1.25x
+    # accepted as noise it does not fail, and within a 1.5x margin it passes. 2x still fails, saying why.
+    slower = evidence(EVEN, EVEN, latency_s=0.115)
+    failed = LatencyGate(policy(), "ttft", 0.025).evaluate(slower)
+    assert failed.outcome == "fail" and failed.reason.startswith("worse than stable"), failed
+    noisy = policy(latency_margin="0.5", latency_fail_above="0.25")
+    assert LatencyGate(noisy, "ttft", 0.025).evaluate(slower).outcome == "pass"
+    slow = LatencyGate(noisy, "ttft", 0.025).evaluate(evidence(EVEN, EVEN, latency_s=0.2))
+    assert slow.outcome == "fail" and "more than 0.25" in slow.reason and float(slow.numbers["ratio"]) > 1.8
+
+
+def test_latency_gates_follow_their_own_look_plan() -> None:
+    # 200 samples per arm of a clearly slower candidate: the policy's own looks (every 100) fail it,
+    # a latency plan whose first look is at 300 has not looked yet, and decides once it has.
+    early = evidence(EVEN, EVEN, n=200, latency_s=0.2)
+    assert LatencyGate(policy(), "ttft", 0.025).evaluate(early).outcome == "fail"
+    later = policy(latency_look_every=300, latency_max_samples_per_stage=900)
+    assert (later.latency_horizon, later.latency_look_interval) == (900, 300)
+    waiting = LatencyGate(later, "ttft", 0.025).evaluate(early)
+    assert waiting.outcome == "inconclusive" and "look_samples" not in waiting.numbers
+    decided = LatencyGate(later, "ttft", 0.025).evaluate(evidence(EVEN, EVEN, n=400, latency_s=0.2))
+    assert decided.outcome == "fail" and decided.numbers["look_samples"] == "300"
+    assert policy().latency_horizon == 600 and b"latency_look_every" not in policy().canonical()  # digest kept
 
 
 def test_slo_attainment_pass_fail_and_rejections_reported_apart() -> None:
