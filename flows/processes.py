@@ -159,13 +159,16 @@ def mlflow_ui(tracking_uri: str, log: Path) -> Iterator[str]:
 
 
 def wait_for_interrupt() -> None:
-    """Block until Ctrl-C (SIGINT) or SIGTERM; the caller's cleanup runs after."""
+    """Block until Ctrl-C (SIGINT) or SIGTERM; the caller's cleanup runs after.
+
+    Both are handled here rather than left to KeyboardInterrupt: a process started in the background
+    of a non-interactive shell inherits SIGINT as ignored, and Python then raises nothing on Ctrl-C.
+    """
     stopped = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    previous = {signum: signal.signal(signum, lambda *_: stopped.set()) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stopped.wait(1.0):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -25,7 +25,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.integration.browser import browser_page, screenshot
-from tests.integration.test_promotion_demo import demo_command
+from tests.integration.test_promotion_demo import demo_command, kill_all
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
@@ -114,7 +114,7 @@ def test_the_demo_asks_on_the_resume_form_with_the_gate_report_above(zoo_dir: Pa
     deadline = time.monotonic() + 1500
     process = subprocess.Popen([*demo_command(zoo_dir, state, "improved", "--approval", "ui", "--exit")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
         output = Output(process)
         auth_file = Path(output.wait_for(PREFECT, deadline, "Prefect server").group(2))
@@ -125,9 +125,7 @@ def test_the_demo_asks_on_the_resume_form_with_the_gate_report_above(zoo_dir: Pa
                                                        tmp_path)
             code = process.wait(timeout=max(1, deadline - time.monotonic()))
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=60)
+        kill_all(process)
     printed = "".join(output.lines)
     assert code == 0 and "decision: promoted" in printed, printed[-3000:]
     assert REPORT in shown, shown

@@ -10,6 +10,7 @@ the MLflow alias moved to it.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -50,10 +51,10 @@ def stays_up(zoo_dir: Path, state: Path) -> tuple[str, dict[str, str]]:
     Checks what the tour points at while it is up, then stops the demo with Ctrl-C (SIGINT).
     """
     process = subprocess.Popen(demo_command(zoo_dir, state, "improved"), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert process.stdout is not None
     lines: list[str] = []
-    watchdog = threading.Timer(1500, process.kill)  # a demo that never reaches its tour ends the read below
+    watchdog = threading.Timer(1500, kill_all, (process,))  # a demo that never reaches its tour ends the read below
     watchdog.start()
     try:
         for line in process.stdout:  # the demo ends its output with the tour, then waits
@@ -81,10 +82,15 @@ def stays_up(zoo_dir: Path, state: Path) -> tuple[str, dict[str, str]]:
                 httpx.get(url, timeout=5)
     finally:
         watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
+        kill_all(process)
     return output, urls
+
+
+def kill_all(process: subprocess.Popen[str]) -> None:
+    """Kill a demo still running and every process it started (its session), so none outlives the test."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
 
 
 def test_an_improved_revision_is_promoted_through_every_stage_and_the_demo_stays_up(
