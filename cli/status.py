@@ -312,7 +312,10 @@ def read_links(route: str, tracking_uri: str, mlflow_ui: str, prefect_api: str, 
 
 def _missing_sqlite_store(tracking_uri: str) -> bool:
     """A ``sqlite:///PATH`` tracking store whose file does not exist yet (so no run is in it)."""
-    return tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists()
+    from registry.ledger import sqlite_file
+
+    database = sqlite_file(tracking_uri)
+    return database is not None and not database.exists()
 
 
 def _newest_run(route: str, tracking_uri: str) -> tuple[Any, tuple[str, Any] | None]:

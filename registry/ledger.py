@@ -54,13 +54,19 @@ def sqlite_uri(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
+def sqlite_file(tracking_uri: str) -> Path | None:
+    """The file of an embedded ``sqlite:///PATH`` store; None for a tracking server."""
+    return Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+
+
 @contextlib.contextmanager
 def _store_creation_lock(tracking_uri: str) -> Iterator[None]:
     """Hold an exclusive lock beside an embedded SQLite store (``FILE.lock``); a server needs none."""
-    if not tracking_uri.startswith("sqlite:///"):
+    database = sqlite_file(tracking_uri)
+    if database is None:
         yield
         return
-    lock = Path(tracking_uri.removeprefix("sqlite:///") + ".lock")
+    lock = database.with_name(database.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with lock.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
