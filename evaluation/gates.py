@@ -93,6 +93,21 @@ def combine(outcomes: Sequence[Outcome]) -> Outcome:
     return "inconclusive"
 
 
+def is_futile(result: GateResult) -> bool:
+    """An inconclusive gate whose every undecided part stopped as futile: more samples will not pass it."""
+    if result.outcome != "inconclusive":
+        return False
+    reasons = [s.reason for s in result.slices if s.outcome == "inconclusive"] or [result.reason]
+    return all(reason.startswith(FUTILE) for reason in reasons)
+
+
+def settled(report: GateReport) -> bool:
+    """The stage can stop: decided, or inconclusive only on gates that can no longer pass (futility)."""
+    if report.outcome != "inconclusive":
+        return True
+    return all(is_futile(r) for r in report.gates if r.outcome == "inconclusive")
+
+
 @dataclass(frozen=True, slots=True)
 class AllOf:
     """Every member gate must pass."""
@@ -154,7 +169,7 @@ def mean_gap(worse: NDArray[np.float64], better: NDArray[np.float64]) -> tuple[f
 
 def sequential_compare(
     worse: ArmSeries, better: ArmSeries, estimator: Estimator, *, alpha: float, policy: GatePolicy, margin: float,
-    horizon: int | None = None, look_every: int | None = None, harm: float = 0.0,
+    horizon: int | None = None, look_every: int | None = None, harm: float = 0.0, futility: bool = True,
 ) -> sequential.SequentialDecision:
     """Evaluate the planned looks made so far (``worse`` is the arm whose excess counts as harm).
 
@@ -162,11 +177,15 @@ def sequential_compare(
     arrived by then. Observations after the stage's maximum are outside the plan and are ignored.
     ``horizon`` and ``look_every`` replace the policy's for one gate (the latency gates' own plan);
     ``harm`` is the shift a look must show the candidate beyond to call it worse (0: any shift).
+    With the policy's ``futility_below`` (and ``futility``), a look may also decide "futile".
     """
     horizon = horizon or policy.max_samples_per_stage
     every = look_every or policy.look_every
     sizes = sequential.look_sizes(horizon, every)
-    bounds = sequential.spending_boundary(alpha, sequential.look_fractions(horizon, every))
+    fractions = sequential.look_fractions(horizon, every)
+    bounds = sequential.spending_boundary(alpha, fractions)
+    below = float(policy.futility_below) if futility and policy.futility_below is not None else None
+    rule = sequential.Futility.planned(below, fractions, bounds)
     looks = []
     for size, bound in zip(sizes, bounds, strict=True):
         if min(len(worse), len(better)) < size:
@@ -176,7 +195,7 @@ def sequential_compare(
         n_b = int(np.searchsorted(better.arrivals, at, side="right"))
         estimate, se = estimator(worse.values[:n_w], better.values[:n_b])
         looks.append(sequential.SequentialLook(size, estimate, se, bound))
-    return sequential.decide_between(tuple(looks), harm, margin)
+    return sequential.decide_between(tuple(looks), harm, margin, futility=rule)
 
 
 def decision_numbers(
@@ -287,9 +306,12 @@ class Verdict(Protocol):
     def decided_at(self) -> int | None: ...
 
 
+FUTILE = "futile"  # the reason's first word when a comparison stopped because passing was out of reach
+
+
 def _slice_outcome(decision: Verdict, samples: int, minimum: int, must_decide: bool) -> tuple[Outcome, str]:
-    if decision.verdict == "worse":
-        return "fail", f"worse than stable at look n={decision.decided_at}"
+    if decision.verdict in {"worse", FUTILE}:
+        return _stopped_outcome(decision, must_decide)
     if samples < minimum:
         if must_decide:
             return "fail", f"critical slice has {samples} < {minimum} samples at the end of the stage"
@@ -299,6 +321,15 @@ def _slice_outcome(decision: Verdict, samples: int, minimum: int, must_decide: b
     if must_decide:
         return "fail", "critical slice undecided at the end of the stage"
     return "inconclusive", "no boundary crossed yet"
+
+
+def _stopped_outcome(decision: Verdict, must_decide: bool) -> tuple[Outcome, str]:
+    """Worse, or futile: passing out of reach (a critical slice must decide, so that fails it)."""
+    if decision.verdict == "worse":
+        return "fail", f"worse than stable at look n={decision.decided_at}"
+    if must_decide:
+        return "fail", f"critical slice cannot pass by the horizon (futile at look n={decision.decided_at})"
+    return "inconclusive", f"{FUTILE} at look n={decision.decided_at}: passing by the horizon is out of reach"
 
 
 # --- error rate and latency ---------------------------------------------------------------------
@@ -720,7 +751,8 @@ def gates_from_policy(
     """
     alpha = float(policy.alpha)
     quality, latency = _comparisons(policy, paired_evidence)
-    members: list[Gate] = [quality, ErrorRateGate(policy), *latency]
+    judged = isinstance(quality, PairedQualityGate) or policy.two_sample_quality is not False
+    members: list[Gate] = [*([quality] if judged else []), ErrorRateGate(policy), *latency]
     members += [SloGate(policy, t, alpha / len(policy.slo)) for t in policy.slo]
     if expected_candidate_share is not None:
         members.append(SampleRatioGate(policy, expected_candidate_share))

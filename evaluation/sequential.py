@@ -160,31 +160,86 @@ class SequentialDecision:
     looks: tuple[SequentialLook, ...]
 
 
-OPEN, WORSE, WITHIN = 0, 1, 2
-VERDICTS = ("open", "worse", "within")
+OPEN, WORSE, WITHIN, FUTILE = 0, 1, 2, 3
+VERDICTS = ("open", "worse", "within", "futile")
+
+
+def conditional_pass(
+    estimate: NDArray[np.float64], standard_error: NDArray[np.float64], fraction: NDArray[np.float64],
+    final_bound: float, margin: float,
+) -> NDArray[np.float64]:
+    """P(the last planned look passes | this look), were the candidate exactly equal to stable from now on.
+
+    At information ``fraction`` t of the horizon the final estimate is ``t * estimate`` plus the mean
+    of the samples still to come, which for an equal candidate is centred on 0 with standard deviation
+    ``se * sqrt(t (1 - t))`` (se: this look's standard error, scaling as 1/sqrt(n)). The final look
+    passes when its estimate plus ``final_bound`` final standard errors (``se * sqrt(t)``) lies below
+    ``margin``. Only the last look is counted, so this slightly understates the chance of passing:
+    futility stops on it are a little early, never late.
+    """
+    t = np.clip(fraction, 0.0, 1.0)
+    spread = standard_error * np.sqrt(t * (1.0 - t))
+    room = margin - final_bound * standard_error * np.sqrt(t) - t * estimate
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(spread > 0, room / np.where(spread > 0, spread, 1.0), np.where(room > 0, np.inf, -np.inf))
+    result: NDArray[np.float64] = stats.norm.cdf(z)
+    return result
 
 
 def verdicts(
-    estimate: NDArray[np.float64], standard_error: NDArray[np.float64], bounds: NDArray[np.float64], margin: float
+    estimate: NDArray[np.float64], standard_error: NDArray[np.float64], bounds: NDArray[np.float64], margin: float,
+    *, futility: Futility | None = None,
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Vectorised stopping rule over looks on the last axis: (verdict code, index of the deciding look or -1).
 
     At each look the repeated interval is ``estimate +- bound * standard_error`` (positive estimate
     = the candidate is worse). The first look whose interval excludes 0 decides WORSE; the first
     whose interval lies below ``margin`` decides WITHIN; a look that shows both counts as WORSE.
+    With a ``futility`` rule, a look before the last at which the chance of passing by the horizon
+    (:func:`conditional_pass`) is below the rule's threshold decides FUTILE: passing is out of
+    reach, so the stage need not run on.
     """
     usable = np.isfinite(bounds) & (standard_error > 0)
     width = np.where(usable, bounds * standard_error, np.inf)
     worse = usable & (estimate - width > 0.0)
     within = usable & (estimate + width < margin) & ~worse
     decided = worse | within
+    if futility is not None:
+        fractions = np.broadcast_to(futility.fractions[: estimate.shape[-1]], estimate.shape)
+        chance = conditional_pass(estimate, standard_error, fractions, futility.final_bound, margin)
+        futile = usable & (fractions < 1.0) & (chance < futility.below) & ~decided
+        decided = decided | futile
     first = np.where(decided.any(axis=-1), decided.argmax(axis=-1), -1)
-    at_first = np.take_along_axis(worse, np.maximum(first, 0)[..., None], axis=-1)[..., 0]
-    code = np.where(first < 0, OPEN, np.where(at_first, WORSE, WITHIN))
+    index = np.maximum(first, 0)[..., None]
+    at_worse = np.take_along_axis(worse, index, axis=-1)[..., 0]
+    at_within = np.take_along_axis(within, index, axis=-1)[..., 0]
+    code = np.where(first < 0, OPEN, np.where(at_worse, WORSE, np.where(at_within, WITHIN, FUTILE)))
     return code.astype(np.int64), first.astype(np.int64)
 
 
-def decide_shift(looks: tuple[SequentialLook, ...], margin: float) -> SequentialDecision:
+@dataclass(frozen=True, slots=True)
+class Futility:
+    """Stop a comparison once passing by the horizon is less likely than ``below``.
+
+    ``fractions`` are the planned looks' information fractions and ``final_bound`` the last
+    planned look's boundary (the look that may not have been reached yet).
+    """
+
+    below: float
+    fractions: NDArray[np.float64]
+    final_bound: float
+
+    @classmethod
+    def planned(cls, below: float | None, fractions: tuple[float, ...], bounds: tuple[float, ...]) -> Futility | None:
+        """The rule for one look plan; None when the policy sets no futility threshold."""
+        if below is None or not bounds:
+            return None
+        return cls(below, np.array(fractions), bounds[-1])
+
+
+def decide_shift(
+    looks: tuple[SequentialLook, ...], margin: float, *, futility: Futility | None = None
+) -> SequentialDecision:
     """Apply :func:`verdicts` to the looks made so far."""
     if not looks:
         return SequentialDecision("open", None, looks)
@@ -193,19 +248,22 @@ def decide_shift(looks: tuple[SequentialLook, ...], margin: float) -> Sequential
         np.array([lk.standard_error for lk in looks]),
         np.array([lk.boundary for lk in looks]),
         margin,
+        futility=futility,
     )
     verdict = VERDICTS[int(code)]
     return SequentialDecision(verdict, None if verdict == "open" else looks[int(first)].samples, looks)
 
 
-def decide_between(looks: tuple[SequentialLook, ...], harm: float, margin: float) -> SequentialDecision:
+def decide_between(
+    looks: tuple[SequentialLook, ...], harm: float, margin: float, *, futility: Futility | None = None
+) -> SequentialDecision:
     """Worse when a repeated interval lies above ``harm``; within when it lies below ``margin``.
 
     ``harm`` 0 is :func:`decide_shift`. A positive ``harm`` accepts a shift up to it as noise: only a
     shift shown beyond it is worse. The decision keeps the looks as measured (unshifted).
     """
     shifted = tuple(SequentialLook(lk.samples, lk.estimate - harm, lk.standard_error, lk.boundary) for lk in looks)
-    decision = decide_shift(shifted, margin - harm)
+    decision = decide_shift(shifted, margin - harm, futility=futility)
     return SequentialDecision(decision.verdict, decision.decided_at, looks)
 
 

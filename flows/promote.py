@@ -31,13 +31,15 @@ from prefect.runtime import flow_run
 
 from evaluation.evidence import build_evidence
 from evaluation.gates import gates_from_policy, judge
+from evaluation.gates import settled as stage_settled
 from evaluation.graders import JudgeEndpoint, answer_pairs, exact_match, grade_pairs, pair_graders
 from evaluation.records import RequestRecord
 from evaluation.traces import TraceEntry, read_trace
-from flows import approval, evidence, steps
+from flows import approval, evidence, sizing, steps
 from flows.auditor import log_stage_plots, plot_stage, version_facts
 from flows.report import report_markdown, slice_rows
 from flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
+from flows.sizing import Measured
 from flows.spec import PromotionSpec
 from manifests.errors import RevgateError
 from manifests.gates import GateReport
@@ -133,8 +135,12 @@ def isolated_task(view: dict[str, Any]) -> dict[str, float]:
 def analyze_task(
     spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str,
     generation: int = 0,
-) -> tuple[GateReport, bool]:
-    """Judge the stage's traffic in batches, looking at the gates after each; stop once decided."""
+) -> tuple[GateReport, bool, Measured | None]:
+    """Judge the stage's traffic in batches, looking at the gates after each; stop once decided.
+
+    Returns the report, whether the stage ended at its limit (its last batch, or every undecided gate
+    futile), and what the stage measured of stable for the next stage's power check.
+    """
     if spec.records_sink:
         return analyze_live(spec, state, step, stage, revisions=(stable, candidate), generation=generation)
     return analyze_probes(spec, state, step, stage, stable=stable, candidate=candidate)
@@ -143,7 +149,7 @@ def analyze_task(
 def analyze_live(
     spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, revisions: tuple[str, str],
     generation: int,
-) -> tuple[GateReport, bool]:
+) -> tuple[GateReport, bool, Measured | None]:
     """The stage's evidence from the record sink: every router's records of the stage's generations.
 
     Users' requests and the flow's probes (when on) both count, each once; the shadow stage is
@@ -155,6 +161,7 @@ def analyze_live(
     shadow = bool(state.shadow_ppm)
     gate = gates_from_policy(spec.gate_policy, share, paired_evidence=shadow)
     window = StageWindow(first_generation=generation, since_s=time.time())
+    started = time.monotonic()
     records = evidence.StageRecords(spec.records_sink, spec.route, window, paired=shadow)
     grading = PairGrading(spec) if shadow and spec.gate_policy.paired is not None else None
     labels: dict[str, TraceEntry] = {}
@@ -174,12 +181,12 @@ def analyze_live(
                                pair_scores=grading.scores(arms) if grading is not None else None)
         report = with_provenance(judge(gate, spec.gate_policy, proof), arms)
         logger.info("%s batch %d/%d: %s; %s", stage, batch + 1, batches, report.outcome, arms.note())
-        if report.outcome != "inconclusive" or final:
+        if stage_settled(report) or final:
             plot_stage(spec, stage, proof)  # the deciding look's figures, for the evidence run
-        if report.outcome != "inconclusive":
-            return report, final
+            measured = sizing.measure(proof, spec.gate_policy, stage, time.monotonic() - started)
+            return report, final or report.outcome == "inconclusive", measured
     assert report is not None
-    return report, True
+    return report, True, None
 
 
 class PairGrading:
@@ -211,7 +218,7 @@ def with_provenance(report: GateReport, arms: evidence.StageArms) -> GateReport:
 
 def analyze_probes(
     spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str
-) -> tuple[GateReport, bool]:
+) -> tuple[GateReport, bool, Measured | None]:
     """Without a record sink: replay labelled probes, judged on the replay's own records and the pairs file."""
     logger = get_run_logger()
     trace = read_trace(Path(spec.trace))
@@ -224,6 +231,7 @@ def analyze_probes(
     batches = max(1, -(-step.max_samples // spec.batch_size))
     pairs = evidence.PairedRecordsTail(Path(spec.paired_records), f"{stage}-")
     report: GateReport | None = None
+    started = time.monotonic()
     for batch in range(batches):
         entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
         records = evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency)
@@ -243,12 +251,12 @@ def analyze_probes(
         report = judge(gate, spec.gate_policy, proof)
         logger.info("%s batch %d/%d: %s (stable %d, candidate %d)", stage, batch + 1, batches, report.outcome,
                     len(stable_arm), len(candidate_arm))
-        if report.outcome != "inconclusive" or final:
+        if stage_settled(report) or final:
             plot_stage(spec, stage, proof)  # the deciding look's figures, for the evidence run
-        if report.outcome != "inconclusive":
-            return report, final
+            measured = sizing.measure(proof, spec.gate_policy, stage, time.monotonic() - started)
+            return report, final or report.outcome == "inconclusive", measured
     assert report is not None
-    return report, True
+    return report, True, None
 
 
 class Promotion:
@@ -267,6 +275,7 @@ class Promotion:
         self.reports = 0
         self.capacity_checks = 0
         self.latest_report = "No gate report yet."
+        self.measured: Measured | None = None  # stable as the last stage measured it, for the next power check
 
     def wait(self, seconds: float) -> None:
         """Sleep, cut short as soon as another writer takes the route (RouteTakenOver) or the run is cancelled."""
@@ -370,14 +379,7 @@ class Promotion:
         step = current_step(self.spec.plan, self.state)
         stage = f"step{self.state.step_index:02d}"
         if isinstance(step, Analyze):
-            report, at_limit = analyze_task(
-                self.spec, self.state, step, stage, stable=self.stable, candidate=self.target.fingerprint,
-                generation=self.owner.generation,
-            )
-            self.publish(report, stage)
-            reason = "; ".join(f"{g.gate}: {g.reason}" for g in report.failed())
-            event = GateDecided(report.outcome, report.evidence_digest, at_limit=at_limit, reason=reason)
-            self.state = advance(self.spec.plan, self.state, event)
+            self.analyze(step, stage)
         elif isinstance(step, Approve):
             # The form shows the report whose digest the answer is bound to.
             self.state = advance(self.spec.plan, self.state, self.ask_approval(step, self.latest_report))
@@ -386,6 +388,53 @@ class Promotion:
             self.state = advance(self.spec.plan, self.state, StepApplied())
         else:
             self.state = advance(self.spec.plan, self.state, StepApplied())
+
+    def analyze(self, planned: Analyze, stage: str) -> None:
+        """Size the stage (the power check), wait for both arms to drain, judge it, and feed the decision on."""
+        size = self.size(planned, stage)
+        if size.refusal is not None:
+            get_run_logger().warning("%s refused: %s", stage, size.refusal)
+            self.state = advance(self.spec.plan, self.state, Abort(size.refusal))
+            return
+        endpoints = (*self.before.stable.endpoints, *self.target.endpoints)
+        drained = steps.await_idle_engines(endpoints, limit_s=self.spec.drain_wait_s)
+        self.ledger.log_json(self.run, f"drained-{stage}", drained)
+        report, at_limit, self.measured = analyze_task(
+            self.spec, self.state, size.step, stage, stable=self.stable, candidate=self.target.fingerprint,
+            generation=self.owner.generation,
+        )
+        waited = f"counting began once both arms' engines were idle ({drained['waited_s']} s)" if drained["idle"] \
+            else f"both arms' engines were still busy after {drained['waited_s']} s: {drained['busy']}"
+        report = report.model_copy(update={"notes": (*report.notes, size.line(), waited)})
+        self.publish(report, stage)
+        reason = "; ".join(f"{g.gate}: {g.reason}" for g in report.failed())
+        if at_limit and report.outcome != "pass" and not report.failed():
+            reason = self.inconclusive_rule(report, stage)
+        event = GateDecided(report.outcome, report.evidence_digest, at_limit=at_limit, reason=reason)
+        self.state = advance(self.spec.plan, self.state, event)
+
+    def size(self, planned: Analyze, stage: str) -> sizing.Sizing:
+        """The power check of the stage from stable's last measurement; logged with the evidence."""
+        trace = read_trace(Path(self.spec.trace)) if self.spec.probes else []
+        paired_stage = bool(self.state.shadow_ppm) and not self.state.weight_ppm
+        shape = sizing.stage_shape(self.spec, trace, planned.max_samples, weight_ppm=self.state.weight_ppm,
+                                   shadow_ppm=self.state.shadow_ppm,
+                                   pace=self.measured.samples_per_second if self.measured else None)
+        size = sizing.size_stage(self.spec, planned, shape, sizing.sized_policy(self.spec.gate_policy, paired_stage),
+                                 self.measured)
+        self.ledger.log_json(self.run, f"power-{stage}", size.record())
+        get_run_logger().info("%s %s", stage, size.line())
+        return size
+
+    def inconclusive_rule(self, report: GateReport, stage: str) -> str:
+        """Undecided at the stage's limit: the policy's stated rule decides, and says that it did."""
+        rule = (f"the rollout plan's on_inconclusive={self.spec.plan.on_inconclusive}"
+                if report.outcome == "inconclusive" else "the gate policy's on_inconclusive=fail")
+        undecided = ", ".join(g.gate for g in report.gates if g.outcome == "inconclusive") or "none"
+        reason = f"inconclusive at the stage's limit (undecided: {undecided}); decided by {rule}"
+        self.ledger.log_json(self.run, f"decision-rule-{stage}", {"rule": rule, "undecided": undecided,
+                                                                   "outcome": report.outcome})
+        return reason
 
     def run_plan(self) -> RolloutState:
         """Walk the plan to a terminal state, committing each route change as it is asked for."""

@@ -39,6 +39,8 @@ class PromotionSpec(BaseModel):
     more_routers: tuple[str, ...] = Field(
         default=(), description="admin URLs of the route's other routers (one token file for all): each is told "
         "of every new generation, and a step counts as applied once every router serves it")
+    drain_wait_s: float = Field(default=60.0, gt=0, description="the longest wait, before a stage starts "
+                                "counting, for both arms' engines to finish the previous stage's work")
     router_sync_s: float = Field(default=30.0, gt=0, description="the longest wait for every router to serve "
                                  "a new generation; a router still behind then stops the rollout")
     router_admin_token_file: str

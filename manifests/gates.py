@@ -242,12 +242,19 @@ class GatePolicy(Document):
     latency_max_samples_per_stage: Annotated[int, Field(ge=1)] | None = None
     latency_look_every: Annotated[int, Field(ge=1)] | None = None
     srm_alpha: OpenFraction = Decimal("0.001")
+    # Futility: a two-sample comparison stops, inconclusive, at a look where the chance of passing by
+    # the horizon (were the candidate equal from then on) is below this; unset: no futility stop.
+    futility_below: OpenFraction | None = None
+    # False: quality is judged on pairs only (the shadow stage), not by two-sample tests in the canary,
+    # where each arm answers other prompts and a hard slice needs several times more samples.
+    two_sample_quality: bool | None = None
     on_inconclusive: Literal["pause", "fail"] = "pause"
     paired: PairedPolicy | None = None  # shadow stage: paired gates instead of two-sample ones
     slicing: Slicing | None = None  # live traffic: slices from request features instead of slice_keys
 
     _fractions = field_validator(
-        "alpha", "quality_margin", "error_margin", "latency_margin", "latency_fail_above", "srm_alpha", mode="before"
+        "alpha", "quality_margin", "error_margin", "latency_margin", "latency_fail_above", "srm_alpha",
+        "futility_below", mode="before"
     )(_decimal_from_text)
 
     @property
@@ -285,7 +292,8 @@ class GatePolicy(Document):
     def _without_unset_sections(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Sections added later are left out while unset, so a policy written before them keeps its digest.
         data: dict[str, Any] = handler(self)
-        later = ("paired", "slicing", "latency_fail_above", "latency_max_samples_per_stage", "latency_look_every")
+        later = ("paired", "slicing", "latency_fail_above", "latency_max_samples_per_stage", "latency_look_every",
+                 "futility_below", "two_sample_quality")
         return {k: v for k, v in data.items() if not (k in later and v is None)}
 
 

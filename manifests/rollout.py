@@ -42,6 +42,15 @@ class Analyze(Document):
 
     step: Literal["analyze"] = "analyze"
     max_samples: Annotated[int, Field(ge=1)]
+    # The most samples the power check may extend the stage to when ``max_samples`` would end it before
+    # its gates can pass an equal revision (unset: never extended).
+    extend_to: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _extends(self) -> Analyze:
+        if self.extend_to is not None and self.extend_to < self.max_samples:
+            raise ValueError("extend_to is smaller than max_samples: a stage is only ever extended")
+        return self
 
 
 class Approve(Document):
@@ -79,6 +88,10 @@ class RolloutPlan(Document):
     lease_seconds: Annotated[int, Field(ge=10)] = 900
     # The controller's heartbeat renews candidate and shadow leases this often (default: a third of the lease).
     lease_renew_seconds: Annotated[int, Field(ge=1)] | None = None
+    # Before each analysis stage the flow checks, from stable's measured rates, how likely every gate is
+    # to pass an equal revision. With a target, a stage below it is extended (Analyze.extend_to) or
+    # refused with the reason; unset, the check is only reported.
+    power_target: OpenFraction | None = None
     rollback_window_seconds: Annotated[int, Field(ge=0)] = 3600
     post_promotion: PostPromotionCheck = PostPromotionCheck()
     # Capacity rule before every increase of candidate traffic: ready replicas of each revision
