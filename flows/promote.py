@@ -397,14 +397,14 @@ class Promotion:
             self.state = advance(self.spec.plan, self.state, Abort(size.refusal))
             return
         endpoints = (*self.before.stable.endpoints, *self.target.endpoints)
-        drained = steps.await_idle_engines(endpoints, limit_s=self.spec.drain_wait_s)
+        drained = steps.await_idle_replicas(self.spec, endpoints, limit_s=self.spec.drain_wait_s)
         self.ledger.log_json(self.run, f"drained-{stage}", drained)
         report, at_limit, self.measured = analyze_task(
             self.spec, self.state, size.step, stage, stable=self.stable, candidate=self.target.fingerprint,
             generation=self.owner.generation,
         )
-        waited = f"counting began once both arms' engines were idle ({drained['waited_s']} s)" if drained["idle"] \
-            else f"both arms' engines were still busy after {drained['waited_s']} s: {drained['busy']}"
+        waited = f"counting began once both arms' replicas were idle ({drained['waited_s']} s)" if drained["idle"] \
+            else f"both arms' replicas were still busy after {drained['waited_s']} s: {drained['busy']}"
         report = report.model_copy(update={"notes": (*report.notes, size.line(), waited)})
         self.publish(report, stage)
         reason = "; ".join(f"{g.gate}: {g.reason}" for g in report.failed())

@@ -278,41 +278,34 @@ def replica_fault(spec: PromotionSpec, key: ReplicaKey) -> str | None:
     return f"candidate replica {replica_id}{where} is {view.get('state')}: {failure.get('message', '')}".strip(": ")
 
 
-QUEUE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+def replicas_in_flight(spec: PromotionSpec, endpoints: tuple[str, ...]) -> dict[str, int | None]:
+    """Requests each replica behind ``endpoints`` holds now, as its agent counts them (None: not found)."""
+    held: dict[str, int | None] = {url.rstrip("/"): None for url in endpoints}
+    for client in fleet(spec):
+        for view in client.replicas():
+            endpoint = str(view.get("endpoint", "")).rstrip("/")
+            if endpoint in held and view.get("state") in LIVE:
+                held[endpoint] = int(view.get("in_flight", 0))
+    return held
 
 
-def engine_queue(endpoint: str, timeout_s: float = 2.0) -> int | None:
-    """Requests the engine behind ``endpoint`` is running or holding (its own Prometheus gauges); None: no answer."""
-    try:
-        with urllib.request.urlopen(f"{endpoint.rstrip('/')}/metrics", timeout=timeout_s) as response:  # noqa: S310
-            text = response.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    total = 0.0
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in QUEUE_GAUGES:
-            total += float(line.rsplit(" ", 1)[-1])
-    return round(total)
-
-
-def await_idle_engines(endpoints: tuple[str, ...], limit_s: float = 60.0, every_s: float = 0.25,
-                       quiet_polls: int = 2) -> dict[str, Any]:
-    """Wait until every engine has had nothing running or queued for ``quiet_polls`` polls in a row.
+def await_idle_replicas(spec: PromotionSpec, endpoints: tuple[str, ...], limit_s: float = 60.0,
+                        every_s: float = 0.25, quiet_polls: int = 2) -> dict[str, Any]:
+    """Wait until every replica has held no request for ``quiet_polls`` polls in a row.
 
     A stage starts counting only once the previous stage's work (the mirror's copies, the last probes)
-    has left both arms, so its first look is not taken inside that backlog. The engines' own queue
-    gauges say so, not a sleep. Gives up after ``limit_s`` and says which engines were still busy.
+    has left both arms, so its first look is not taken inside that backlog. The agents' count of the
+    requests each engine holds says so (every request reaches an engine through its replica's
+    admission), not a sleep. Gives up after ``limit_s`` and says which replicas were still busy.
     """
     started = time.monotonic()
-    quiet = dict.fromkeys(endpoints, 0)
+    quiet = {url.rstrip("/"): 0 for url in endpoints}
     last: dict[str, int | None] = {}
     while any(count < quiet_polls for count in quiet.values()):
-        for endpoint in quiet:
-            last[endpoint] = engine_queue(endpoint)
-            quiet[endpoint] = quiet[endpoint] + 1 if last[endpoint] == 0 else 0
+        last = replicas_in_flight(spec, tuple(quiet))
+        quiet = {url: quiet[url] + 1 if last.get(url) == 0 else 0 for url in quiet}
         if time.monotonic() - started >= limit_s:
-            busy = {e: last[e] for e, count in quiet.items() if count < quiet_polls}
+            busy = {url: last.get(url) for url, count in quiet.items() if count < quiet_polls}
             return {"idle": False, "waited_s": round(time.monotonic() - started, 2), "busy": busy}
         time.sleep(every_s)
     return {"idle": True, "waited_s": round(time.monotonic() - started, 2), "busy": {}}

@@ -147,3 +147,18 @@ def test_a_slice_regression_is_caught_and_rolled_back(zoo_dir: Path, tmp_path: P
     failed = [s["slice"] for s in quality["slices"] if s["outcome"] == "fail"]
     assert quality["outcome"] == "fail" and failed, quality
     assert all("sort" in name and "long" in name for name in failed), failed
+
+
+def test_a_revision_identical_to_stable_is_promoted_by_the_demos_plan(zoo_dir: Path, tmp_path: Path) -> None:
+    # stable's own weights, tokenizer and chat template under a new artifact identity: an A/A rollout.
+    # The old plan rolled such a revision back in every run (a canary too short for the hardest
+    # slice, and a latency transient the shadow stage left on the candidate).
+    history, client = demo(zoo_dir, tmp_path / "demo", "stable-copy", 0)
+    first, last = history[0], history[-1]
+    assert last.stable.fingerprint != first.stable.fingerprint and last.candidate is None
+    _, report = last_report(client, tmp_path)  # the canary's report
+    assert report["outcome"] == "pass", report["gates"]
+    notes = " ".join(report["notes"])
+    assert "power: P(pass | equal) at least 0.90 on every gate cell" in notes, notes
+    assert "counting began once both arms' replicas were idle" in notes, notes
+    assert {g["gate"] for g in report["gates"]} >= {"latency-ttft", "latency-e2e", "errors"}
