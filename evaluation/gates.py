@@ -270,9 +270,13 @@ class QualityGate:
         )
 
     def decision(self, stable: ArmSeries, candidate: ArmSeries, alpha: float) -> sequential.SequentialDecision:
-        """The sequential comparison for one slice (stable - candidate: positive means the candidate is worse)."""
+        """The sequential comparison for one slice (stable - candidate: positive means the candidate is worse).
+
+        A relative margin follows stable's rate in the slice (``GatePolicy.margin_for``).
+        """
+        rate = float(stable.values.mean()) if len(stable) else None
         return sequential_compare(
-            stable, candidate, proportion_gap, alpha=alpha, policy=self.policy, margin=float(self.policy.quality_margin)
+            stable, candidate, proportion_gap, alpha=alpha, policy=self.policy, margin=self.policy.margin_for(rate)
         )
 
     def _slice(
@@ -285,9 +289,11 @@ class QualityGate:
     ) -> SliceResult:
         stable, candidate = ArmSeries.of(stable_pairs), ArmSeries.of(candidate_pairs)
         decision = self.decision(stable, candidate, alpha)
+        stable_mean = float(stable.values.mean()) if len(stable) else None
         numbers = decision_numbers(decision, candidate, stable) | {
-            "stable_mean": fmt(float(stable.values.mean()) if len(stable) else None),
+            "stable_mean": fmt(stable_mean),
             "candidate_mean": fmt(float(candidate.values.mean()) if len(candidate) else None),
+            "margin": fmt(self.policy.margin_for(stable_mean)),
         }
         critical = name in self.policy.critical_slices
         outcome, reason = _slice_outcome(

@@ -203,8 +203,9 @@ def stage_power(policy: GatePolicy, shape: StageShape, profile: StableProfile | 
         for name, share in sorted(shape.slice_shares.items()):
             rate, basis = _rate(profile, name)
             unit = math.sqrt(2.0 * min(max(rate, 0.01), 0.99) * (1.0 - min(max(rate, 0.01), 0.99)))
+            measured = rate if profile is not None and name in profile.rates else None
             comparison = Comparison(unit, policy.max_samples_per_stage, policy.look_every, per_slice,
-                                    float(policy.quality_margin), futility_below=futility)
+                                    policy.margin_for(measured), futility_below=futility)
             cells.append(_cell("quality", name, comparison, int(shape.samples_per_arm * share), target=target,
                                basis=basis))
     if policy.latency_metrics:

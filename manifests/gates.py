@@ -216,6 +216,9 @@ class Slicing(Document):
         return self
 
 
+DEFAULT_MARGIN_MIN = Decimal("0.005")
+
+
 class GatePolicy(Document):
     """What a candidate must show in one stage, and how the evidence is tested."""
 
@@ -242,6 +245,11 @@ class GatePolicy(Document):
     latency_max_samples_per_stage: Annotated[int, Field(ge=1)] | None = None
     latency_look_every: Annotated[int, Field(ge=1)] | None = None
     srm_alpha: OpenFraction = Decimal("0.001")
+    # Margins relative to stable's rate: a slice's quality margin is this share of stable's error rate on
+    # it (0.5: at most 1.5x stable's wrong answers), within [quality_margin_min, quality_margin]. A 24%
+    # slice and a 99% slice are not judged by the same points. Unset: quality_margin on every slice.
+    quality_margin_relative: OpenFraction | None = None
+    quality_margin_min: Fraction | None = None  # the floor of a relative margin (unset: 0.005)
     # Futility: a two-sample comparison stops, inconclusive, at a look where the chance of passing by
     # the horizon (were the candidate equal from then on) is below this; unset: no futility stop.
     futility_below: OpenFraction | None = None
@@ -254,8 +262,16 @@ class GatePolicy(Document):
 
     _fractions = field_validator(
         "alpha", "quality_margin", "error_margin", "latency_margin", "latency_fail_above", "srm_alpha",
-        "futility_below", mode="before"
+        "futility_below", "quality_margin_relative", "quality_margin_min", mode="before"
     )(_decimal_from_text)
+
+    def margin_for(self, stable_rate: float | None) -> float:
+        """The quality margin of a slice where stable's graded rate is ``stable_rate`` (None: not measured)."""
+        ceiling = float(self.quality_margin)
+        if self.quality_margin_relative is None or stable_rate is None:
+            return ceiling
+        floor = float(self.quality_margin_min if self.quality_margin_min is not None else DEFAULT_MARGIN_MIN)
+        return min(ceiling, max(floor, float(self.quality_margin_relative) * (1.0 - stable_rate)))
 
     @property
     def latency_horizon(self) -> int:
@@ -277,6 +293,8 @@ class GatePolicy(Document):
         if self.latency_look_interval > self.latency_horizon:
             raise ValueError("latency_look_every is larger than the latency horizon (latency_max_samples_per_stage, "
                              "else max_samples_per_stage): no latency look would happen")
+        if self.quality_margin_min is not None and self.quality_margin_min > self.quality_margin:
+            raise ValueError("quality_margin_min is larger than quality_margin: a relative margin would have no room")
         if self.min_samples_per_slice > self.max_samples_per_stage:
             raise ValueError("min_samples_per_slice is larger than max_samples_per_stage: no slice could pass")
         if len(set(self.slice_keys)) != len(self.slice_keys):
@@ -293,7 +311,7 @@ class GatePolicy(Document):
         # Sections added later are left out while unset, so a policy written before them keeps its digest.
         data: dict[str, Any] = handler(self)
         later = ("paired", "slicing", "latency_fail_above", "latency_max_samples_per_stage", "latency_look_every",
-                 "futility_below", "two_sample_quality")
+                 "futility_below", "two_sample_quality", "quality_margin_relative", "quality_margin_min")
         return {k: v for k, v in data.items() if not (k in later and v is None)}
 
 

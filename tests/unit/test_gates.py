@@ -271,3 +271,23 @@ def test_all_of_needs_every_member() -> None:
     ev = evidence(EVEN, EVEN, error_rate=0.08)
     combined = AllOf((QualityGate(policy(quality_margin="0.1")), ErrorRateGate(policy()))).evaluate(ev)
     assert combined.outcome == "fail" and combined.numbers["errors"] == "fail"
+
+
+def test_a_relative_margin_judges_a_99_percent_slice_by_its_own_error_rate() -> None:
+    # the candidate makes 3x stable's wrong answers on a 99% slice: within 8 points, not within half its errors
+    stable_q, candidate_q = {"add": 0.99, "rev": 0.24, "sort": 0.9}, {"add": 0.97, "rev": 0.24, "sort": 0.9}
+    absolute = QualityGate(policy(quality_margin="0.08")).evaluate(evidence(stable_q, candidate_q))
+    relative = QualityGate(policy(quality_margin="0.08", quality_margin_relative="0.5")).evaluate(
+        evidence(stable_q, candidate_q))
+    outcome = {s.slice: s.outcome for s in absolute.slices}
+    assert outcome["family=add"] == "pass"
+    by_slice = {s.slice: s for s in relative.slices}
+    assert by_slice["family=add"].outcome != "pass"
+    assert float(by_slice["family=add"].numbers["margin"]) < 0.01  # half of stable's 1% wrong answers
+    assert by_slice["family=rev"].numbers["margin"] == "0.0800"  # half of 76% is beyond the 8-point ceiling
+    assert abs(float(by_slice["family=sort"].numbers["margin"]) - 0.05) < 0.01
+
+
+def test_a_relative_margin_floor_above_the_ceiling_is_refused() -> None:
+    with pytest.raises(ManifestInvalid, match="quality_margin_min"):
+        policy(quality_margin="0.02", quality_margin_relative="0.5", quality_margin_min="0.05")
