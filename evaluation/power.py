@@ -178,7 +178,7 @@ class StagePower:
         took = f"; the stage takes about {self.expected_seconds:.0f} s" if self.expected_seconds else ""
         weakest = self.weakest
         if weakest is None:
-            return f"power: no two-sample gate to size{took}"
+            return f"power: no two-sample gate in this stage to size ({self.notes[-1]}){took}"
         verdict = "at least" if self.ok else "below"
         return (f"power: P(pass | equal) {verdict} {self.target:.2f} on every gate cell; weakest "
                 f"{weakest.describe()}{took}")
@@ -218,8 +218,8 @@ def stage_power(policy: GatePolicy, shape: StageShape, profile: StableProfile | 
                                     per_metric, margin, harm, futility)
             cells.append(_cell(f"latency-{metric}", "*", comparison, shape.samples_per_arm, target=target, basis=basis))
     seconds = 2 * shape.samples_per_arm / shape.samples_per_second if shape.samples_per_second else None
-    notes = ("SLO, error and split gates are confidence sequences or near-certain for an equal revision; "
-             "paired gates depend on how often the answers differ and are not sized here",)
+    notes = ("SLO, error and split gates are confidence sequences or near-certain for an equal revision",
+             "paired gates depend on how often the two revisions' answers differ and are not sized before the stage")
     return StagePower(tuple(cells), target, seconds, notes)
 
 

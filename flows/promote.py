@@ -422,6 +422,7 @@ class Promotion:
                                    pace=self.measured.samples_per_second if self.measured else None)
         size = sizing.size_stage(self.spec, planned, shape, sizing.sized_policy(self.spec.gate_policy, paired_stage),
                                  self.measured)
+        size = replace(size, note=sizing.paired_note(self.spec.gate_policy, paired_stage))
         self.ledger.log_json(self.run, f"power-{stage}", size.record())
         get_run_logger().info("%s %s", stage, size.line())
         return size

@@ -41,10 +41,11 @@ class Sizing:
     check: power.StagePower
     extended_from: int | None = None
     refusal: str | None = None
+    note: str = ""
 
     def line(self) -> str:
         """The power line for the report and the log, with any extension."""
-        line = self.check.line()
+        line = self.check.line() + (f"; {self.note}" if self.note else "")
         if self.extended_from is not None:
             line += (f"; extended from {self.extended_from} to {self.step.max_samples} samples so that every "
                      f"cell can reach its horizon")
@@ -58,6 +59,16 @@ class Sizing:
                 "cells": [{"gate": c.gate, "cell": c.cell, "samples_per_arm": c.samples, "horizon": c.horizon,
                            "pass_probability_if_equal": round(c.passed, 4), "samples_needed": c.needed,
                            "basis": c.basis} for c in self.check.cells]}
+
+
+PAIRED_LATENCY_OFF = ("paired latency is off in this policy: in shadow the candidate answers the mirror's copy "
+                      "after stable has answered the caller, under another load, so a pair would compare loads")
+
+
+def paired_note(policy: GatePolicy, paired_stage: bool) -> str:
+    """What the shadow stage's report says of paired latency when the policy leaves it off."""
+    off = paired_stage and policy.paired is not None and not policy.paired.latency_metrics
+    return PAIRED_LATENCY_OFF if off else ""
 
 
 def sized_policy(policy: GatePolicy, paired_stage: bool) -> GatePolicy:

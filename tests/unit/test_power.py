@@ -117,3 +117,16 @@ def test_the_demo_canary_is_powered_for_an_equal_revision() -> None:
     check = power.stage_power(demo_policy(), power.StageShape(1200, {}, 30.0), profile, 0.9)
     assert check.ok, check.line()
     assert {c.gate for c in check.cells} == {"latency-ttft", "latency-e2e"}
+
+
+def test_a_stage_too_short_for_its_horizon_is_extended_to_reach_it_and_no_further() -> None:
+    # latency looks up to 480 per arm; a stage that gives 150 per arm ends before the gate can pass
+    gate = GatePolicy.build(latency_metrics=["e2e"], latency_margin="0.2", latency_max_samples_per_stage=480,
+                            latency_look_every=120, two_sample_quality=False)
+    profile = power.StableProfile({}, {"e2e": 0.5}, "measured in step01")
+    short = power.StageShape(150, {}, 20.0)
+    check = power.stage_power(gate, short, profile, 0.9)
+    assert not check.ok and check.cells[0].samples == 150
+    assert power.samples_to_reach(check, short, 1000) == 480
+    assert power.samples_to_reach(check, short, 400) is None  # beyond the step's extend_to: refused
+    assert power.stage_power(gate, power.StageShape(480, {}, 20.0), profile, 0.9).ok
