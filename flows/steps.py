@@ -18,7 +18,13 @@ from flows.spec import PromotionSpec
 from manifests.errors import RevgateError
 from manifests.revision import ServiceRevision
 from manifests.route import RevisionTarget, RouteSnapshot
-from promotion.capacity import CapacityCheck, check_capacity, observed_demand, revisions_from_report
+from promotion.capacity import (
+    CapacityCheck,
+    check_capacity,
+    observed_demand,
+    revisions_from_report,
+    stated_capacity,
+)
 from promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
 from registry.route_store import open_route_store
 from registry.runtime import engine_runtime
@@ -108,6 +114,8 @@ def observed_demand_rps(spec: PromotionSpec, window_s: float = 30.0) -> float:
 def capacity(spec: PromotionSpec, shares: dict[str, float]) -> CapacityCheck:
     """The capacity rule for ``shares`` (revision -> fraction of traffic) on the fleet's ready replicas."""
     ready = merge_capacity([revisions_from_report(client.capacity()) for client in fleet(spec)])
+    if spec.plan.replica_capacity_rps is not None:
+        ready = stated_capacity(ready, float(spec.plan.replica_capacity_rps))
     return check_capacity(shares, ready, demand_rps=observed_demand_rps(spec),
                           target_utilisation=float(spec.plan.target_utilisation))
 

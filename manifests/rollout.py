@@ -98,6 +98,9 @@ class RolloutPlan(Document):
     # >= ceil(demand x share / (per-replica capacity x target_utilisation)).
     target_utilisation: OpenFraction = Decimal("0.8")
     # A failed capacity check pauses the rollout this long (re-checking) before it is rolled back.
+    # Requests per second one ready replica carries, as profiled at load; unset: what each replica's
+    # warm-up measured, which moves with the host's load (4 to 21 requests/s for one replica here).
+    replica_capacity_rps: Annotated[Decimal, Field(gt=0)] | None = None
     capacity_wait_seconds: Annotated[int, Field(ge=0)] = 300
     on_inconclusive: Literal["pause", "fail"] = "pause"
     # Who may answer an approve step (names or e-mails, compared trimmed and case-insensitively).

@@ -228,10 +228,10 @@ def test_a_candidate_replica_killed_mid_canary_is_rolled_back_automatically(part
 @pytest.mark.timeout(600)
 def test_stable_short_of_capacity_refuses_the_rollout_before_anything_moves(parts: Estate, tmp_path: Path) -> None:
     # What a replica carries, measured at warm-up, moves fivefold with the machine's load (4 to 21
-    # requests/s here); a plan that allows each replica 2% of it makes 3 requests/s more than one
-    # stable replica may take, on a quiet machine or a busy one.
+    # requests/s here), so the plan states it: 0.1 requests/s per replica at 80% makes 3 requests/s
+    # more than up to 37 stable replicas may take, on a quiet machine or a busy one.
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=1)], lease_seconds=20,
-                             rollback_window_seconds=0, target_utilisation="0.02")
+                             rollback_window_seconds=0, replica_capacity_rps="0.1")
     with rollout(parts, tmp_path, "short", plan, rate=3.0) as handle:
         records = Path(handle.spec.router_records)
 

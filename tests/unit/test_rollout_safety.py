@@ -10,7 +10,7 @@ from evaluation.records import Outcome, RequestRecord
 from manifests.rollout import PostPromotionCheck
 from manifests.route import RevisionTarget, RouteSnapshot
 from manifests.route_change import canary, successor
-from promotion.capacity import RevisionCapacity, check_capacity, observed_demand, required_replicas
+from promotion.capacity import RevisionCapacity, check_capacity, observed_demand, required_replicas, stated_capacity
 from promotion.ownership import decision_of, drainable, lease_end, takeover
 from promotion.window import window_verdict
 from rollback.plan import revert_to, rollback_snapshot
@@ -109,3 +109,13 @@ def test_window_rolls_back_on_errors_or_latency_only_with_enough_traffic() -> No
     # Before the promotion, or on another revision: not the promoted revision's live traffic.
     assert window_verdict(check, [record(0.5, "error")] * 20, fp, since_s=1).outcome == "watching"
     assert window_verdict(check, [record(1, "error", revision=STABLE.fingerprint)] * 20, fp, 0).outcome == "watching"
+
+
+def test_a_plan_stated_capacity_decides_whatever_the_warm_up_measured() -> None:
+    # one stable replica whose warm-up measured 21 requests/s on a quiet host, or 4 on a busy one
+    for measured in (21.0, 4.0):
+        ready = stated_capacity({"stable": RevisionCapacity(1, measured)}, 0.1)
+        check = check_capacity({"stable": 1.0}, ready, demand_rps=3.0, target_utilisation=0.8)
+        assert not check.ok and ready["stable"].per_replica_rps == 0.1
+    two = stated_capacity({"stable": RevisionCapacity(2, 9.0)}, 2.0)
+    assert check_capacity({"stable": 1.0}, two, demand_rps=3.0, target_utilisation=0.8).ok
