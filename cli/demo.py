@@ -12,7 +12,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser("demo", help="run a promotion on the embedded default (one machine)")
     parser.add_argument("--state", type=Path, default=Path(".cache/demo"), help="demo state folder")
     parser.add_argument("--zoo", type=Path, default=Path(".cache/zoo"), help="reference zoo folder (built if missing)")
-    parser.add_argument("--candidate", default="improved", help="zoo revision to promote (try slice-regressed)")
+    parser.add_argument("--candidate", default="improved",
+                        help="zoo revision to promote (try slice-regressed), or stable-copy or stable-reconfigured: "
+                        "candidates that behave exactly like stable (A/A checks)")
     parser.add_argument("--approval", choices=("auto", "ui"), default="auto",
                         help="auto: approve without a human (demo); ui: pause for the Prefect UI's Resume form")
     parser.add_argument("--zoo-scale", type=float, default=1.0, help="shorten zoo training (quick trials only)")

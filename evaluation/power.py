@@ -26,6 +26,7 @@ from manifests.gates import GatePolicy, LatencyMetric
 
 PATHS = 20_000  # simulated stages per figure: a rate's standard error below 0.3 points at 0.9
 MOST_SAMPLES = 200_000  # the largest horizon the search for a sufficient one will propose
+MOST_LOOKS = 25  # looks planned per horizon tried by that search (the boundaries' cost grows with them)
 UNKNOWN_RATE = 0.5  # stable's rate when nothing measured it yet: the widest spread, so never optimistic
 
 
@@ -57,8 +58,13 @@ class Comparison:
     futility_below: float | None = None
 
     def at_horizon(self, horizon: int) -> Comparison:
-        """The same comparison planned to another horizon (looks as often, or at the horizon when shorter)."""
-        return replace(self, horizon=horizon, every=min(self.every, horizon))
+        """The same comparison planned to another horizon: looks as often, but at most :data:`MOST_LOOKS`.
+
+        Fewer looks than the policy would make at a far horizon pass a little sooner; the figure is
+        the samples a plan needs, and the plan's own check at that horizon is exact.
+        """
+        every = max(min(self.every, horizon), -(-horizon // MOST_LOOKS))
+        return replace(self, horizon=horizon, every=every)
 
 
 @lru_cache(maxsize=4096)
@@ -179,8 +185,8 @@ class StagePower:
         weakest = self.weakest
         if weakest is None:
             return f"power: no two-sample gate in this stage to size ({self.notes[-1]}){took}"
-        verdict = "at least" if self.ok else "below"
-        return (f"power: P(pass | equal) {verdict} {self.target:.2f} on every gate cell; weakest "
+        verdict = "at least {:.2f} on every gate cell" if self.ok else "below {:.2f} on some gate cell"
+        return (f"power: P(pass | equal) {verdict.format(self.target)}; weakest "
                 f"{weakest.describe()}{took}")
 
 

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from manifests.errors import RevgateError
 from serving.worker.engine import free_port
@@ -137,8 +138,8 @@ def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = ""
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """Ask a child to stop, then kill it if it has not within 10 s."""
+def stop(process: subprocess.Popen[Any]) -> None:
+    """Ask a child to stop, then kill it if it has not within 10 s (nothing for one already waited for)."""
     process.terminate()
     try:
         process.wait(10)

@@ -405,6 +405,8 @@ class Promotion:
         )
         waited = f"counting began once both arms' replicas were idle ({drained['waited_s']} s)" if drained["idle"] \
             else f"both arms' replicas were still busy after {drained['waited_s']} s: {drained['busy']}"
+        if drained["unwatched"]:
+            waited += f" (not watched, served by no agent of this rollout: {', '.join(drained['unwatched'])})"
         report = report.model_copy(update={"notes": (*report.notes, size.line(), waited)})
         self.publish(report, stage)
         reason = "; ".join(f"{g.gate}: {g.reason}" for g in report.failed())

@@ -304,16 +304,20 @@ def await_idle_replicas(spec: PromotionSpec, endpoints: tuple[str, ...], limit_s
     A stage starts counting only once the previous stage's work (the mirror's copies, the last probes)
     has left both arms, so its first look is not taken inside that backlog. The agents' count of the
     requests each engine holds says so (every request reaches an engine through its replica's
-    admission), not a sleep. Gives up after ``limit_s`` and says which replicas were still busy.
+    admission), not a sleep. Gives up after ``limit_s`` and says which replicas were still busy; an
+    endpoint no agent of the spec serves cannot be watched and is named as such.
     """
     started = time.monotonic()
-    quiet = {url.rstrip("/"): 0 for url in endpoints}
+    held = replicas_in_flight(spec, endpoints)
+    unwatched = sorted(url for url, count in held.items() if count is None)  # served by no agent of the spec
+    quiet = {url: 0 for url, count in held.items() if count is not None}
     last: dict[str, int | None] = {}
     while any(count < quiet_polls for count in quiet.values()):
         last = replicas_in_flight(spec, tuple(quiet))
         quiet = {url: quiet[url] + 1 if last.get(url) == 0 else 0 for url in quiet}
         if time.monotonic() - started >= limit_s:
             busy = {url: last.get(url) for url, count in quiet.items() if count < quiet_polls}
-            return {"idle": False, "waited_s": round(time.monotonic() - started, 2), "busy": busy}
+            return {"idle": False, "waited_s": round(time.monotonic() - started, 2), "busy": busy,
+                    "unwatched": unwatched}
         time.sleep(every_s)
-    return {"idle": True, "waited_s": round(time.monotonic() - started, 2), "busy": {}}
+    return {"idle": True, "waited_s": round(time.monotonic() - started, 2), "busy": {}, "unwatched": unwatched}
