@@ -318,6 +318,8 @@ def run(order: Sequence[str], command: str) -> None:
             sources[digest] = files
             done = session.rollout(kind, log=STATE / "logs" / f"{index:03d}-{kind}.log")
             records.append(measure(session, done, digest, STATE / "evidence-read" / f"{index:03d}"))
+            # Other work on the host lands on one engine's cores: the load each rollout ran under, for reading it.
+            records[-1]["load_average_5min"] = round(os.getloadavg()[1], 2)
             progress(index, len(order), records[-1])
             run_facts["load_average_1min"] = round(os.getloadavg()[0], 2)
             data = merged(before, records, run_facts, sources)
