@@ -85,6 +85,10 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--body-timeout", type=float, help="seconds for a request's body; then 408")
     limits.add_argument("--idle-timeout", type=float, help="seconds a kept-alive connection may sit idle")
     limits.add_argument("--max-pipelined", type=int, help="queued pipelined requests before reading pauses")
+    limits.add_argument("--write-stall-timeout", type=float,
+                        help="seconds a caller may read nothing while its answers wait; then cut off (default 30)")
+    limits.add_argument("--max-buffered-response-bytes", type=int,
+                        help="answer bytes held for one caller; over it: cut off (default 4 MiB)")
     limits.add_argument("--shadow-queue-bytes", type=int, help="bytes held for the shadow mirror (default 64 MiB)")
 
 
@@ -197,6 +201,7 @@ _LIMIT_FLAGS = {  # Limits field: argparse destination
     "max_body_bytes": "max_body_bytes", "max_header_bytes": "max_header_bytes", "max_headers": "max_headers",
     "max_url_bytes": "max_url_bytes", "header_timeout_s": "header_timeout", "body_timeout_s": "body_timeout",
     "idle_timeout_s": "idle_timeout", "max_pipelined": "max_pipelined",
+    "write_stall_timeout_s": "write_stall_timeout", "max_buffered_response_bytes": "max_buffered_response_bytes",
 }
 
 

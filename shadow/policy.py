@@ -13,26 +13,37 @@ from manifests.route import ALL_TOOLS
 
 
 def tool_names(request: dict[str, Any]) -> set[str]:
-    """Tool names a chat request declares (``tools``) or carries as calls in its messages."""
+    """Tool names a chat request declares (``tools``, ``functions``) or carries as calls in its messages.
+
+    Total over any JSON shape: a field of the wrong type names no tool (the engine refuses or
+    ignores it); a name that is not a string is kept as its JSON text, so it can still match nothing.
+    """
     names: set[str] = set()
-    for tool in request.get("tools") or ():
-        if isinstance(tool, dict):
-            function = tool.get("function") or {}
-            names.add(str(function.get("name", tool.get("name", ""))))
-    for message in request.get("messages") or ():
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        for call in calls or ():
-            if isinstance(call, dict):
-                names.add(str((call.get("function") or {}).get("name", "")))
-    if request.get("functions"):
-        names.update(str(item.get("name", "")) for item in request["functions"] if isinstance(item, dict))
+    for tool in _items(request.get("tools")):
+        function = tool.get("function")
+        names.add(_name(function.get("name") if isinstance(function, dict) else tool.get("name")))
+    for message in _items(request.get("messages")):
+        for call in _items(message.get("tool_calls")):
+            function = call.get("function")
+            names.add(_name(function.get("name") if isinstance(function, dict) else None))
+    for function in _items(request.get("functions")):
+        names.add(_name(function.get("name")))
     return names
+
+
+def _items(value: Any) -> list[dict[str, Any]]:
+    """The objects of a JSON list; anything else holds none."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _name(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def side_effecting(body: bytes, side_effecting_tools: frozenset[str]) -> bool:
     """True when a request must never be mirrored: it uses a side-effecting tool, or cannot be read."""
-    if b'"tool' not in body and b'"function' not in body:
-        return False  # cheap path: no tools anywhere in the body
+    if b'"tool' not in body and b'"function' not in body and b"\\u" not in body:
+        return False  # cheap path: no tools anywhere in the body, and no escape that could spell one
     try:
         request = json.loads(body)
     except ValueError:

@@ -1,7 +1,13 @@
 """The caller-facing HTTP/1.1 server connection, on an asyncio protocol with httptools.
 
 One request at a time per connection: pipelined requests queue behind it, and reading pauses
-once ``max_pipelined`` wait. A handler either returns a coroutine (run as a task) or takes the
+once ``max_pipelined`` wait. Answers are paced by the caller: while the caller's socket is backed
+up (write-paused), the exchange in progress stops reading its upstream, no further pipelined
+request starts, and a caller that stays backed up past ``write_stall_timeout_s`` (or lets more
+than ``max_buffered_response_bytes`` pile up) is cut off; idle or lingering connections with
+unsent bytes are aborted, never left to flush to a reader that is gone.
+
+A handler either returns a coroutine (run as a task) or takes the
 request on without one, from callbacks, and calls :meth:`ServerConnection.request_done` when it
 ends: the common proxied exchange needs no task. When the caller goes away, the running
 request's task is cancelled (or its ``on_lost`` callback runs), which aborts its upstream
@@ -70,6 +76,8 @@ class ServerConnection(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None  # a callback-served request's cancellation
         self.on_pause: Callable[[], None] | None = None
         self.on_resume: Callable[[], None] | None = None
+        self.write_paused = False  # the caller's socket is backed up: answers wait for it
+        self.write_paused_at = 0.0
         self.closed = False
         self.close_when_done = False
 
@@ -157,7 +165,7 @@ class ServerConnection(asyncio.Protocol):
         self.pending.append(request)
         if not self.busy:
             self._next()
-        elif len(self.pending) >= self.limits.max_pipelined and not self.paused and self.transport is not None:
+        if len(self.pending) >= self.limits.max_pipelined and not self.paused and self.transport is not None:
             self.paused = True  # backpressure: the caller's further requests wait in its socket
             self.transport.pause_reading()
 
@@ -181,8 +189,8 @@ class ServerConnection(asyncio.Protocol):
             self._next()
 
     def _next(self) -> None:
-        if not self.pending or self.closed:
-            return
+        if not self.pending or self.closed or self.write_paused:
+            return  # a backed-up caller gets its next answer once it reads the last one
         self.busy = True
         item = self.pending.popleft()
         if self.paused and len(self.pending) < self.limits.max_pipelined and self.transport is not None:
@@ -222,15 +230,19 @@ class ServerConnection(asyncio.Protocol):
         phase, limits, transport = self.phase, self.limits, self.transport
         if transport is None:
             return
+        if self.write_paused and now - self.write_paused_at >= limits.write_stall_timeout_s:
+            self.watchdog.write_stalls += 1
+            transport.abort()  # the caller stopped reading: its answers will never be taken
+            return
         elapsed = now - self.since
         if phase == LINGER:
             if elapsed >= limits.linger_s:
-                transport.close()
+                self._close_now(transport)
         elif self.busy or self.paused:
             return  # the request in progress has its own deadline
         elif phase == IDLE:
             if elapsed >= limits.idle_timeout_s:
-                transport.close()
+                self._close_now(transport)
         elif phase == HEAD:
             if elapsed >= limits.header_timeout_s:
                 self.refuse(408, f"request headers not complete within {limits.header_timeout_s} s",
@@ -238,6 +250,14 @@ class ServerConnection(asyncio.Protocol):
         elif elapsed >= limits.body_timeout_s:
             self.refuse(408, f"request body not complete within {limits.body_timeout_s} s", "request_timeout",
                         "request body", "Send the body faster or make it smaller.")
+
+    @staticmethod
+    def _close_now(transport: asyncio.Transport) -> None:
+        """Close; abort when answer bytes are still unsent (close would wait for a reader that may never read)."""
+        if transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            transport.close()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.task = None
@@ -255,7 +275,7 @@ class ServerConnection(asyncio.Protocol):
 
     def request_done(self) -> None:
         """The request in progress ended: close if asked to, else start the next pipelined one."""
-        self.busy, self.on_lost = False, None
+        self.busy, self.on_lost, self.on_pause, self.on_resume = False, None, None, None
         if self.close_when_done and self.transport is not None:
             self.transport.close()
             return
@@ -273,20 +293,35 @@ class ServerConnection(asyncio.Protocol):
             on_lost, self.on_lost = self.on_lost, None
             on_lost()
 
+    def attach(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        """The exchange in progress reads its upstream through these; it starts paused for a backed-up caller."""
+        self.on_pause, self.on_resume = pause, resume
+        if self.write_paused:
+            pause()
+
     def pause_writing(self) -> None:
         """The caller reads slower than the upstream writes: stop reading upstream."""
+        self.write_paused, self.write_paused_at = True, self.watchdog.now
+        self.watchdog.write_pauses += 1
         if self.on_pause is not None:
             self.on_pause()
 
     def resume_writing(self) -> None:
-        """The caller caught up."""
+        """The caller caught up: the exchange reads on, or the next pipelined request starts."""
+        self.write_paused = False
         if self.on_resume is not None:
             self.on_resume()
+        if not self.busy:
+            self._next()
 
     def write(self, data: bytes) -> None:
-        """Write to the caller unless it has gone."""
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
+        """Write to the caller unless it has gone; a caller holding too many unsent bytes is cut off."""
+        transport = self.transport
+        if transport is not None and not self.closed:
+            transport.write(data)
+            if transport.get_write_buffer_size() > self.limits.max_buffered_response_bytes:
+                self.watchdog.buffer_overflows += 1
+                transport.abort()
 
     def finish(self, keep_alive: bool) -> None:
         """End a response: close (once the request ends) unless the connection is kept alive."""

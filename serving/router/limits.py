@@ -29,12 +29,14 @@ class Limits:
     idle_timeout_s: float = 60.0  # a kept-alive connection with no request; then closed
     max_pipelined: int = 4  # requests queued behind the one in progress; then reading pauses
     linger_s: float = 2.0  # after a refusal: input read and dropped this long, so the answer is not reset
+    write_stall_timeout_s: float = 30.0  # answers to a caller that reads nothing for this long: connection aborted
+    max_buffered_response_bytes: int = 4 * MIB  # answer bytes the router holds for one caller; over it: aborted
 
     @property
     def tick_s(self) -> float:
         """The watchdog's period: a quarter of the shortest timeout, at most half a second."""
         return min(0.5, self.header_timeout_s / 4, self.body_timeout_s / 4, self.idle_timeout_s / 4,
-                   self.linger_s / 4)
+                   self.linger_s / 4, self.write_stall_timeout_s / 4)
 
 
 def refusal_body(what: str, kind: str, where: str, fix: str) -> bytes:
@@ -56,6 +58,8 @@ class Watchdog:
         self.limits = limits
         self.connections: set[Watched] = set()
         self.now = 0.0  # loop time at the last tick: what connections stamp their phases with
+        # Callers who read slower than their answers arrive, and those cut off for it (exported as counters).
+        self.write_pauses = self.write_stalls = self.buffer_overflows = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
 

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ PROXIED = {
     ("GET", b"/v1/models"),
 }
 NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
+MAX_TIMEOUT_DIGITS = 9  # x-revgate-timeout-ms: up to about 11 days, far past any route's deadline
+BAD_TIMEOUT = json.dumps({"error": {
+    "message": f"x-revgate-timeout-ms is not a whole number of milliseconds of at most {MAX_TIMEOUT_DIGITS} digits",
+    "type": "invalid_request_error", "where": "header x-revgate-timeout-ms",
+    "fix": "Send a positive whole number of milliseconds, e.g. 30000, or leave the header out.",
+}}).encode()
 
 
 @dataclass(frozen=True)
@@ -315,6 +322,12 @@ class Router:
                            keep_alive=request.keep_alive)
             caller.request_done()
             return None
+        timeout = headers.get(b"x-revgate-timeout-ms")
+        readable = timeout is None or (len(timeout) <= MAX_TIMEOUT_DIGITS and timeout.isdigit() and timeout.strip(b"0"))
+        if not readable:
+            caller.respond(400, BAD_TIMEOUT, keep_alive=request.keep_alive)
+            caller.request_done()
+            return None
         request_id = self.ids.next()
         key = headers.get(b"x-session-id") or tenant_raw or request_id
         target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
@@ -338,7 +351,7 @@ class Router:
                       on_settled=self._pooled_settled, context=call)
         call.relay = relay
         call.timer = self._loop.call_at(call.deadline, self._pooled_expired, call)
-        caller.on_pause, caller.on_resume = connection.pause, connection.resume
+        caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
         caller.on_lost = lambda: self._pooled_lost(call)
         address = call.target.endpoints[first]
         connection.send(request_bytes(call.request.method, call.path, address, call.body,
@@ -397,9 +410,10 @@ class Router:
 
     @staticmethod
     def _timeout_s(call: Call) -> float:
+        """The route's deadline, or the caller's shorter one (``x-revgate-timeout-ms``, checked at entry)."""
         limit = call.route.timeout_s
         header = call.request.headers.get(b"x-revgate-timeout-ms")
-        if header and header.isdigit():
+        if header:
             limit = min(limit, int(header) / 1000)
         return limit
 
@@ -438,7 +452,7 @@ class Router:
             except UpstreamError as error:
                 relay.on_error(error)
                 return relay
-            call.caller.on_pause, call.caller.on_resume = connection.pause, connection.resume
+            call.caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
             wire = request_bytes(call.request.method, call.path, address, call.body,
                                  b"X-Request-Id: " + call.request_id.encode() + b"\r\n")
             connection.send(wire, relay)
@@ -490,9 +504,15 @@ class Router:
         self._finish(call, outcome, message, status=status)
 
     def _finish(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> None:
-        record = self._record(call, outcome, error, status)
-        if outcome == "ok" and call.relay is not None and call.route.shadow is not None:
-            self._offer_shadow(call, call.relay, record)
+        # Contained: a defect in recording or in the shadow check must never skip the end of the request
+        # (its connection would hang, its in-flight count leak); it is logged and counted instead.
+        try:
+            record = self._record(call, outcome, error, status)
+            if outcome == "ok" and call.relay is not None and call.route.shadow is not None:
+                self._offer_shadow(call, call.relay, record)
+        except Exception:
+            log.exception("recording or shadowing request %s failed", call.request_id)
+            self.metrics.count_event("record_failed", call.route.snapshot.route)
 
     def _record(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> dict[str, Any]:
         """Queue the attempt's record and count it; the record is a ``RequestRecord``'s JSON object.
@@ -661,8 +681,12 @@ class Router:
         """Values read at scrape time: the mirror's counters, and what a leak would grow (for the soak)."""
         counters = self.mirror.counters
         route = self.config.route
+        public = self._watchdogs[0] if self._watchdogs else None
         for name, value in (("shadow_sent", counters.sent), ("shadow_failed", counters.failed),
-                            ("shadow_stale", counters.stale)):
+                            ("shadow_stale", counters.stale),
+                            ("caller_write_paused", public.write_pauses if public else 0),
+                            ("caller_write_stalled", public.write_stalls if public else 0),
+                            ("caller_buffer_overflowed", public.buffer_overflows if public else 0)):
             self.metrics.events[(("event", name), ("route", route))] = value
         held: dict[str, int] = {}
         for kind, sink in self.sinks.items():

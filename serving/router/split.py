@@ -28,8 +28,14 @@ def bucket_ppm(salt: bytes, key: bytes) -> int:
 
 
 def _keyed(salt: bytes) -> Any:
-    """A blake2b state keyed with ``salt``: copying it is cheaper than keying a new one per request."""
-    return hashlib.blake2b(digest_size=8, key=salt[:64])
+    """A blake2b state keyed with ``salt``: copying it is cheaper than keying a new one per request.
+
+    blake2b takes a key of at most 64 bytes; a longer salt is keyed by its digest, never cut: cut,
+    every salt whose first 64 bytes agree (a route name of 56 characters or more, with any
+    candidate's fingerprint after it) would put the same sessions on every canary.
+    """
+    key = salt if len(salt) <= 64 else hashlib.blake2b(salt, digest_size=64).digest()
+    return hashlib.blake2b(digest_size=8, key=key)
 
 
 def _bucket(keyed: Any, key: bytes) -> int:

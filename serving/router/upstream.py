@@ -53,6 +53,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.received = False
         self.reused = False
+        self.paused = False  # reading stopped for a slow caller: never pooled so
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport; disable Nagle for small request writes."""
@@ -87,8 +88,14 @@ class UpstreamConnection(asyncio.Protocol):
             self.sink.on_body(body)
 
     def on_message_complete(self) -> None:
-        """httptools callback: response done; the connection goes back to the pool if reusable."""
+        """httptools callback: response done; the connection goes back to the pool if reusable.
+
+        A connection paused for this exchange's slow caller reads again first: pooled paused, the
+        next request on it, anyone's, would never be read and would wait out its deadline.
+        """
         sink, self.sink = self.sink, None
+        if self.paused:
+            self.resume(sink)
         if self.parser.should_keep_alive():
             self.pool.release(self)
         else:
@@ -102,15 +109,18 @@ class UpstreamConnection(asyncio.Protocol):
         stale = self.reused and not self.received
         self._fail(UpstreamError(f"upstream {self.address[0]}:{self.address[1]} closed the connection", stale=stale))
 
-    def pause(self) -> None:
-        """Stop reading (the caller is slow)."""
-        if self.transport is not None and not self.transport.is_closing():
+    def pause(self, sink: Sink | None) -> None:
+        """Stop reading for ``sink``'s slow caller; a no-op once ``sink``'s exchange has ended."""
+        if sink is self.sink and not self.paused and self.transport is not None and not self.transport.is_closing():
+            self.paused = True
             self.transport.pause_reading()
 
-    def resume(self) -> None:
-        """Resume reading."""
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+    def resume(self, sink: Sink | None) -> None:
+        """Resume reading for ``sink`` (its caller caught up, or its exchange has just ended)."""
+        if (sink is self.sink or self.sink is None) and self.paused:
+            self.paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def close(self) -> None:
         """Abort the connection: in-flight work upstream sees a disconnect and is cancelled."""
@@ -137,7 +147,9 @@ class UpstreamPool:
         idle = self.idle[address]
         while idle:
             connection = idle.pop()
-            if connection.transport is not None and not connection.transport.is_closing():
+            if connection.paused:
+                connection.close()  # cannot happen since on_message_complete resumes; never hand one out
+            elif connection.transport is not None and not connection.transport.is_closing():
                 connection.reused = True
                 return connection
         return None

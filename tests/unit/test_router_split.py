@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from manifests.route import RouteSnapshot
 from serving.router.split import bucket_ppm, compile_route, retry_order
@@ -98,3 +101,44 @@ def test_retries_prefer_another_failure_domain() -> None:
 )
 def test_side_effecting_requests_are_never_mirrored(body: bytes, tools: frozenset[str], expected: bool) -> None:
     assert side_effecting(body, tools) is expected
+
+
+def test_routes_with_long_names_draw_a_new_cohort_for_each_candidate() -> None:
+    # The defect: the salt was cut at blake2b's 64-byte key, so a route name of 56 characters or more
+    # left no fingerprint in it and every candidate got the same sessions.
+    name = "tenant-west-europe-production-chat-completions-assistant"
+    assert len(name) >= 56
+    sessions = [f"session-{index}".encode() for index in range(2000)]
+
+    def cohort(candidate: str) -> set[bytes]:
+        salt = f"{name}|{candidate}".encode()
+        return {key for key in sessions if bucket_ppm(salt, key) < 100_000}
+
+    first, second = cohort(CANDIDATE), cohort(SHADOW)
+    assert 120 < len(first) < 280 and 120 < len(second) < 280
+    assert len(first & second) < len(first) / 2  # independent draws share about a tenth
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["tools", "tool_calls", "function", "functions", "name", "messages", "type", "x"]), inner,
+        max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON)
+@settings(max_examples=400, deadline=None)
+def test_the_shadow_check_is_total_over_every_json_shape(document: Any) -> None:
+    body = json.dumps(document).encode()
+    assert side_effecting(body, frozenset({"send_email"})) in (True, False)
+    assert side_effecting(body, frozenset({"*"})) in (True, False)
+
+
+def test_an_escaped_key_or_name_is_read_as_decoded() -> None:
+    escaped_key = b'{"\\u0074ools":[{"type":"function","function":{"name":"send_email"}}]}'
+    escaped_name = b'{"tools":[{"type":"function","function":{"name":"send\\u005femail"}}]}'
+    assert side_effecting(escaped_key, frozenset({"send_email"})) is True
+    assert side_effecting(escaped_name, frozenset({"send_email"})) is True
+    assert side_effecting(b'{"prompt":"caf\\u00e9"}', frozenset({"send_email"})) is False
