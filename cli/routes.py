@@ -74,7 +74,8 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-id", help="names this router's record objects (default: HOST-PORT)")
     parser.add_argument("--sink-interval", type=float, default=1.0, help="seconds between record objects")
     parser.add_argument("--sink-capacity", type=int, default=100_000,
-                        help="records held per kind while the store cannot be written; then the oldest are dropped")
+                        help="records held per kind while the record store or file cannot be written; "
+                        "then the oldest are dropped")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between store polls")
     limits = parser.add_argument_group("limits of the HTTP front (defaults in docs/router.md)")
     limits.add_argument("--max-body-bytes", type=int, help="request body cap; over it: 413 (default 16 MiB)")

@@ -13,7 +13,10 @@ from serving.worker.main import serve_worker
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``revgate worker``."""
     parser = subparsers.add_parser("worker", help="run the worker agent that owns this host's vLLM replicas")
-    parser.add_argument("--host", default="127.0.0.1", help="address of the control API and replica proxies")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address of the control API (and of the replica proxies unless --replica-host)")
+    parser.add_argument("--replica-host", default=None,
+                        help="address the replica proxies listen on, for the routers' traffic (default: --host)")
     parser.add_argument("--port", type=int, required=True, help="port of the control API")
     parser.add_argument("--cache", type=Path, required=True, help="host cache for artifacts, signatures and logs")
     parser.add_argument("--token-file", type=Path, required=True, help="file holding the control API's bearer token")
@@ -34,6 +37,6 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(serve_worker(
         host=args.host, port=args.port, cache=args.cache, token_file=args.token_file,
         device=args.device, engine_python=args.engine_python, startup_timeout_s=args.startup_timeout,
-        stop_timeout_s=args.stop_timeout, cpu_slots=args.cpu_slots,
+        stop_timeout_s=args.stop_timeout, cpu_slots=args.cpu_slots, replica_host=args.replica_host,
     ))
     return 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
+import logging
+import time
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -13,6 +16,10 @@ try:  # orjson serialises dataclasses natively, three times faster than the stan
     import orjson
 except ImportError:  # pragma: no cover - the standard library path below gives identical lines
     orjson = None  # type: ignore[assignment]
+
+
+log = logging.getLogger("revgate.router.records")
+LOG_EVERY_S = 30.0  # a failing file is logged when it starts failing, then at most this often
 
 
 class JsonLine(Protocol):
@@ -54,36 +61,117 @@ def line_bytes(record: Any) -> bytes:
 
 
 class JsonLinesWriter:
-    """Appends records to a file in batches; with no path it discards them."""
+    """Appends records to a file in batches; with no path it discards them.
 
-    def __init__(self, path: Path | None, *, interval_s: float = 0.2) -> None:
-        self.path, self.interval_s = path, interval_s
+    A file that cannot be written (a full disk, a lost mount) never stops the writer or the
+    router: the batch that failed is taken back (the bytes of a half-written batch are cut off
+    again where the file allows it), new records wait in a buffer bounded by ``capacity``, the
+    oldest dropped and counted past it, and the state shows in ``health()``, the router's metrics
+    and its log until writes succeed again.
+    """
+
+    def __init__(self, path: Path | None, *, interval_s: float = 0.2, capacity: int = 100_000,
+                 kind: str = "records") -> None:
+        self.path, self.interval_s, self.capacity, self.kind = path, interval_s, capacity, kind
         self.buffer: list[JsonLine | dict[str, Any]] = []
-        self.written = 0
+        self.written = self.failures = self.dropped = 0
+        self.last_error = ""
+        self.failing_since_s: float | None = None
+        self._logged_s = 0.0
         self._stream: IO[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def append(self, record: JsonLine | dict[str, Any]) -> None:
-        """Queue one record (constant time; serialisation happens at flush)."""
+        """Queue one record (constant time; serialisation happens at flush); over capacity the oldest go."""
         if self.path is not None:
             self.buffer.append(record)
+            if len(self.buffer) > self.capacity:
+                self._bound()
 
     def start(self) -> None:
         """Open the file and start the flush timer on the running loop."""
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._stream = self.path.open("ab")
+        self._stream = self.path.open("ab", buffering=0)
         self._task = asyncio.create_task(self._run())
 
     def flush(self) -> None:
-        """Write everything queued so far."""
+        """Write everything queued so far; a failed write keeps the batch for the next flush."""
         if not self.buffer or self._stream is None:
             return
         batch, self.buffer = self.buffer, []
-        self._stream.write(b"".join([line_bytes(record) for record in batch]))
-        self._stream.flush()
+        data = b"".join(self._lines(batch))
+        try:
+            self._write_all(data)
+        except OSError as error:
+            self.buffer = batch + self.buffer
+            self._bound()
+            self._failed(f"{type(error).__name__}: {error}")
+            return
         self.written += len(batch)
+        self._succeeded()
+
+    def _bound(self) -> None:
+        """Hold the buffer to ``capacity`` (the oldest records go, counted)."""
+        excess = len(self.buffer) - self.capacity
+        if excess > 0:
+            del self.buffer[:excess]
+            self.dropped += excess
+
+    def _lines(self, batch: list[JsonLine | dict[str, Any]]) -> list[bytes]:
+        lines = []
+        for record in batch:
+            try:
+                lines.append(line_bytes(record))
+            except (TypeError, ValueError) as error:  # a record that cannot be written is dropped, counted
+                self.dropped += 1
+                log.error("%s file: dropped a record that cannot be serialised: %s", self.kind, error)
+        return lines
+
+    def _write_all(self, data: bytes) -> None:
+        """Append ``data`` whole, or cut the file back to where it was and raise."""
+        stream = self._stream
+        assert stream is not None
+        start = stream.seek(0, io.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                written = stream.write(view)
+                view = view[written or 0:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                stream.truncate(start)  # no half line for readers; a device such as /dev/full cannot
+            raise
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        self.last_error = error
+        now = time.time()
+        if self.failing_since_s is None:
+            self.failing_since_s = now
+        if now - self._logged_s >= LOG_EVERY_S:
+            self._logged_s = now
+            log.warning("%s file %s: cannot write (%d failures, %d held, %d dropped so far): %s",
+                        self.kind, self.path, self.failures, len(self.buffer), self.dropped, error)
+
+    def _succeeded(self) -> None:
+        if self.failing_since_s is not None:
+            log.info("%s file %s: writing again after %.1f s of failures (%d dropped)", self.kind, self.path,
+                     time.time() - self.failing_since_s, self.dropped)
+            self.failing_since_s = None
+            self._logged_s = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Whether the last write succeeded (or none was needed yet)."""
+        return self.failing_since_s is None
+
+    def health(self) -> dict[str, Any]:
+        """The file's state for ``/admin/health``."""
+        return {"ok": self.ok, "where": str(self.path), "written_records": self.written, "failures": self.failures,
+                "dropped": self.dropped, "held": len(self.buffer), "capacity": self.capacity,
+                "last_error": self.last_error, "failing_since_s": self.failing_since_s}
 
     async def close(self) -> None:
         """Stop the timer, write what is left, close the file."""
@@ -99,4 +187,7 @@ class JsonLinesWriter:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            self.flush()
+            try:
+                self.flush()
+            except Exception as error:  # the flush task must outlive any failure
+                self._failed(f"{type(error).__name__}: {error}")

@@ -211,8 +211,11 @@ class Router:
         self.metrics = RouterMetrics()
         self.pool = UpstreamPool()
         self.sinks: dict[str, ObjectSink] = {}
-        self.records: Sink = self._sink(JsonLinesWriter(config.records), "requests")
-        self.paired: Sink = self._sink(JsonLinesWriter(config.paired_records), "paired")
+        self.files = {kind: JsonLinesWriter(path, capacity=config.sink_capacity, kind=kind)
+                      for kind, path in (("requests", config.records), ("paired", config.paired_records))
+                      if path is not None}
+        self.records: Sink = self._sink(self.files.get("requests") or JsonLinesWriter(None), "requests")
+        self.paired: Sink = self._sink(self.files.get("paired") or JsonLinesWriter(None), "paired")
         self.mirror = ShadowMirror(
             self._send_shadow, self.paired.append, capacity=config.shadow_queue,
             capacity_bytes=config.shadow_queue_bytes, concurrency=config.shadow_concurrency,
@@ -664,9 +667,10 @@ class Router:
     def health(self) -> dict[str, Any]:
         """What ``/admin/health`` says: the generation served and each record sink's state."""
         sinks = {kind: sink.health() for kind, sink in self.sinks.items()}
-        ok = self.route is not None and all(item["ok"] for item in sinks.values())
+        files = {kind: file.health() for kind, file in self.files.items()}
+        ok = self.route is not None and all(item["ok"] for item in (*sinks.values(), *files.values()))
         return {"status": "ok" if ok else "degraded", "route": self.config.route, "router_id": self.config.router_id,
-                "generation": self._generation(), "sinks": sinks}
+                "generation": self._generation(), "sinks": sinks, "files": files}
 
     def _authorised(self, request: Request) -> bool:
         token = self.config.admin_token
@@ -695,6 +699,12 @@ class Router:
                 self.metrics.events[(("event", name), ("route", route))] = value
             held[f"{kind}_sink_held"] = sink.held
             held[f"{kind}_sink_ok"] = int(sink.ok)
+        for kind, file in self.files.items():
+            for name, value in ((f"{kind}_file_failures", file.failures), (f"{kind}_file_dropped", file.dropped),
+                                (f"{kind}_file_written", file.written)):
+                self.metrics.events[(("event", name), ("route", route))] = value
+            held[f"{kind}_file_held"] = len(file.buffer)
+            held[f"{kind}_file_ok"] = int(file.ok)
         self.metrics.process.update(
             tasks=len(asyncio.all_tasks()),
             open_connections=sum(len(watchdog.connections) for watchdog in self._watchdogs),

@@ -24,11 +24,16 @@ async def serve_worker(
     startup_timeout_s: float = 300.0,
     stop_timeout_s: float = 15.0,
     cpu_slots: int = 2,
+    replica_host: str | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; the token is checked before anything listens."""
+    """Serve until SIGINT/SIGTERM; the token is checked before anything listens.
+
+    ``host`` is the control API's address; ``replica_host`` (default: the same) the replica proxies',
+    so the control API can sit on a management network the routers' traffic never reaches.
+    """
     token = load_token(token_file)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=host,
+    agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=replica_host or host,
                         startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s, cpu_slots=cpu_slots)
     config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",
                             lifespan="on", access_log=False)

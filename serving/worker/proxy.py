@@ -15,13 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Coroutine
+from typing import Any
 
 from serving.worker.drain import Admission, Refusal
 
 REVISION_HEADER = "x-revgate-revision"
 REPLICA_HEADER = "x-revgate-replica"
 MAX_HEAD_BYTES = 64 * 1024
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = 16 * 1024 * 1024  # as the router's --max-body-bytes: nothing larger reaches a replica through it
+# The router's defaults (serving/router/limits.py): a caller that holds a connection without
+# finishing its request, or without reading its answer, is cut off, never served for ever.
+HEAD_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
+WRITE_STALL_TIMEOUT_S = 30.0
 LINGER_S = 2.0
 LINGER_BYTES = 1024 * 1024
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "upgrade"}
@@ -37,6 +44,10 @@ EXPOSED = frozenset({
 
 class BadRequest(Exception):
     """The client's request head or body cannot be relayed."""
+
+
+class TooSlow(Exception):
+    """The client did not finish its request head or body in time (answered 408)."""
 
 
 def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
@@ -113,6 +124,15 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             discarded += len(chunk)
 
 
+async def _within(read: Coroutine[Any, Any, bytes], seconds: float, what: str) -> bytes:
+    """``read``, or TooSlow naming ``what`` once ``seconds`` pass."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await read
+    except TimeoutError:
+        raise TooSlow(f"{what} not complete within {seconds:g} s") from None
+
+
 class _Exchange:
     """Progress of one relayed request: whether the caller has seen the response head yet."""
 
@@ -122,7 +142,11 @@ class _Exchange:
 class ReplicaProxy:
     """Listens on a free local port and relays admitted requests to the replica's engine port."""
 
-    def __init__(self, admission: Admission, revision: str, upstream_port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, admission: Admission, revision: str, upstream_port: int, host: str = "127.0.0.1", *,
+                 head_timeout_s: float = HEAD_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+                 write_stall_timeout_s: float = WRITE_STALL_TIMEOUT_S) -> None:
+        self.head_timeout_s, self.body_timeout_s = head_timeout_s, body_timeout_s
+        self.write_stall_timeout_s = write_stall_timeout_s
         self.admission = admission
         self.revision = revision
         self.upstream_port = upstream_port
@@ -146,7 +170,7 @@ class ReplicaProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         unread = True  # whether the request's body may still be arriving when the answer is sent
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = await _within(reader.readuntil(b"\r\n\r\n"), self.head_timeout_s, "request head")
             if len(head) > MAX_HEAD_BYTES:
                 raise BadRequest("request head too large")
             refused = not_exposed(head)
@@ -163,14 +187,26 @@ class ReplicaProxy:
             pass
         except asyncio.CancelledError:
             pass  # a drain cancelled this request; the caller already has the reason (or a cut stream)
+        except TooSlow as error:
+            unread = True
+            writer.write(error_response(408, "Request Timeout", str(error), self.revision))
         except BadRequest as error:
             writer.write(error_response(400, "Bad Request", str(error), self.revision))
         finally:
             with contextlib.suppress(Exception):
-                await writer.drain()
+                await self._drain(writer)
                 if unread:
                     await _linger(reader, writer)
             writer.close()
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait for the caller to take what was written; one that reads nothing for the stall timeout is cut off."""
+        try:
+            async with asyncio.timeout(self.write_stall_timeout_s):
+                await writer.drain()
+        except TimeoutError:
+            writer.transport.abort()
+            raise ConnectionResetError("the caller read nothing within the write-stall timeout") from None
 
     async def _admitted(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -181,7 +217,7 @@ class ReplicaProxy:
             request, length = upstream_request(head, b"")
             if length > MAX_BODY_BYTES:
                 raise BadRequest("request body too large")
-            body = await reader.readexactly(length)
+            body = await _within(reader.readexactly(length), self.body_timeout_s, "request body")
             await self._relay(request + body, writer, exchange)
         except asyncio.CancelledError:
             # Before the first byte the caller gets the stated reason; after it, the stream just ends
@@ -207,6 +243,6 @@ class ReplicaProxy:
             exchange.head_sent = True
             while chunk := await up_reader.read(65536):
                 writer.write(chunk)
-                await writer.drain()
+                await self._drain(writer)
         finally:
             up_writer.close()

@@ -243,3 +243,28 @@ def test_an_unreachable_store_keeps_the_router_serving_bounded_and_visible_then_
         assert (tmp_path / "router.log").read_text().count("cannot write") >= 1  # logged, once per period
     finally:
         moto.stop()
+
+
+def test_a_records_file_that_cannot_be_written_keeps_the_router_serving_bounded_and_loud(
+    farm: UpstreamFarm, tmp_path: Path
+) -> None:
+    # The defect: the file writer's task died on its first OSError (a full disk) and then held every
+    # record in memory, silently: health said ok. /dev/full fails every write with ENOSPC.
+    first = snapshot(ROUTE, 1, [farm["a1"]])
+    flags = ("--records", "/dev/full", "--sink-capacity", "5")
+    with router_process(tmp_path, ROUTE, first, extra=flags) as router:
+        for number in range(3):
+            assert complete(router, f"full-a{number}").status_code == 200
+        wait_until(lambda: admin(router, "/admin/health").json()["files"]["requests"]["failures"] >= 2, timeout=20)
+        for number in range(12):
+            assert complete(router, f"full-b{number}").status_code == 200  # served all along
+        wait_until(lambda: admin(router, "/admin/health").json()["files"]["requests"]["dropped"] >= 10, timeout=20)
+        health = admin(router, "/admin/health").json()
+        requests = health["files"]["requests"]
+        assert health["status"] == "degraded" and not requests["ok"]
+        assert requests["held"] <= 5 and "No space left on device" in requests["last_error"]
+        assert metric(router, "revgate_router_requests_file_ok") == 0
+        assert metric(router, "revgate_router_requests_file_failures_total") >= 2
+        assert metric(router, "revgate_router_requests_file_held") <= 5
+    log = (tmp_path / "router.log").read_text()
+    assert "requests file /dev/full: cannot write" in log

@@ -4,10 +4,12 @@ auth, capacity report, and the engine command a CPU or GPU worker builds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import threading
+import time
 from collections.abc import MutableMapping
 from decimal import Decimal
 from pathlib import Path
@@ -442,3 +444,71 @@ def test_on_the_cpu_an_engine_is_bound_to_its_slot_and_on_a_gpu_it_is_not(tmp_pa
         "VLLM_CPU_OMP_THREADS_BIND")
     assert WorkerAgent(tmp_path, device="cuda").slots == ()
     assert WorkerAgent(tmp_path, device="cpu", cpu_slots=0).slots == ()
+
+
+def test_the_replica_proxy_times_out_slow_heads_and_bodies_and_cuts_off_a_caller_who_never_reads() -> None:
+    # The defect: no head or body timeout (a caller held a connection and a task for ever) and a
+    # caller who never read held the relay in drain() for ever, with the engine's answer behind it.
+    answer_bytes = 8 * 1024 * 1024
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the far side: a big answer to anything
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % answer_bytes)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(answer_bytes // 65536):
+                writer.write(b"x" * 65536)
+                await writer.drain()
+        writer.close()
+
+    def answer_to(port: int, data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+            client.sendall(data)
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+            return answer
+
+    def never_reads(port: int, done: threading.Event) -> None:
+        """Ask for the big answer and read none of it, holding the connection open until ``done``."""
+        with socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.connect(("127.0.0.1", port))
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            done.wait(60)
+
+    async def until(condition: Any, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def scenario() -> tuple[bytes, bytes, bool, int]:
+        server = await asyncio.start_server(engine, "127.0.0.1", 0)
+        engine_port = server.sockets[0].getsockname()[1]
+        admission = Admission("r-1")
+        admission.open()
+        proxy = ReplicaProxy(admission, "sha256:abc", engine_port, head_timeout_s=0.5, body_timeout_s=0.5,
+                             write_stall_timeout_s=1.0)
+        port = await proxy.start()
+        try:
+            half_head = await asyncio.to_thread(answer_to, port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            half_body = await asyncio.to_thread(
+                answer_to, port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            done = threading.Event()
+            holder = threading.Thread(target=never_reads, args=(port, done), daemon=True)
+            holder.start()
+            admitted = await until(lambda: admission.in_flight == 1, 20)
+            cut = admitted and await until(lambda: admission.in_flight == 0, 20)  # the relay ended
+            done.set()
+            return half_head, half_body, cut, admission.in_flight
+        finally:
+            await proxy.close()
+            server.close()
+
+    half_head, half_body, cut, in_flight = asyncio.run(scenario())
+    assert half_head.startswith(b"HTTP/1.1 408") and b"request head not complete within 0.5 s" in half_head
+    assert half_body.startswith(b"HTTP/1.1 408") and b"request body not complete within 0.5 s" in half_body
+    assert cut, "the proxy kept relaying to a caller who never read"
+    assert in_flight == 0
