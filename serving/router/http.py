@@ -68,6 +68,7 @@ class ServerConnection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.size = 0
         self.head_bytes = 0  # bytes received since the current request's headers began
+        self.head_size = 0  # the current request's header fields parsed so far, in bytes, every repeat counted
         self.phase, self.since = IDLE, 0.0
         self.pending: deque[Request | bytes] = deque()  # bytes: a refusal, the connection's last answer
         self.task: asyncio.Task[None] | None = None
@@ -122,25 +123,28 @@ class ServerConnection(asyncio.Protocol):
             raise _Refused
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """httptools callback (the byte count is checked per read, in data_received)."""
+        """httptools callback: the head's size is counted field by field, exactly, whichever read it came in.
+
+        The per-read count in data_received bounds a header line still in progress; this bounds
+        the fields, also those of a pipelined request that began in the same read as a body ended.
+        """
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size + len(self.url) > self.limits.max_header_bytes:
+            self._headers_too_large()
+            raise _Refused
         self.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
         """httptools callback: the head's size and count, and a declared body length, against the limits."""
         limits = self.limits
-        if len(self.headers) > limits.max_headers or (
-            self.head_bytes > limits.max_header_bytes and self._head_size() > limits.max_header_bytes
-        ):
+        if len(self.headers) > limits.max_headers:
             self._headers_too_large()
             raise _Refused
         length = self.headers.get(b"content-length")
         if length is not None and len(length) > 6 and length.isdigit() and int(length) > limits.max_body_bytes:
             self._body_too_large()
             raise _Refused
-        self.phase, self.since, self.head_bytes = BODY, self.watchdog.now, 0
-
-    def _head_size(self) -> int:
-        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers.items())
+        self.phase, self.since, self.head_bytes, self.head_size = BODY, self.watchdog.now, 0, 0
 
     def on_body(self, body: bytes) -> None:
         """httptools callback; the cap holds while the body streams in: nothing over it is kept."""

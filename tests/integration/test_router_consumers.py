@@ -30,6 +30,7 @@ SMALL_TOKENS = 4_000  # about 28 KiB of answer: one read from the upstream
 BIG_TOKENS = 15_000  # about 100 KiB of answer: well past the transport's 64 KiB high-water mark
 DEADLINE_MS = b"8000"  # the well-behaved caller's own deadline: the defect made it wait this out
 IDLE_TIMEOUT_S, WRITE_STALL_S = 2.0, 2.0
+HEADER_CAP = 16 * 1024
 SLACK_S = 15.0  # scheduling on two shared, busy cores
 
 
@@ -42,7 +43,8 @@ def farm() -> Iterator[UpstreamFarm]:
 @pytest.fixture(scope="module")
 def router(farm: UpstreamFarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     folder = tmp_path_factory.mktemp("router-consumers")
-    flags = ("--idle-timeout", str(IDLE_TIMEOUT_S), "--write-stall-timeout", str(WRITE_STALL_S))
+    flags = ("--idle-timeout", str(IDLE_TIMEOUT_S), "--write-stall-timeout", str(WRITE_STALL_S),
+             "--max-header-bytes", str(HEADER_CAP))
     with router_process(folder, ROUTE, snapshot(ROUTE, 1, [farm["a1"]]), extra=flags) as process:
         yield process
 
@@ -212,3 +214,15 @@ def test_an_unreadable_timeout_header_gets_a_typed_400_and_the_connection_serves
         assert answer.error()["where"] == "header x-revgate-timeout-ms"
         connection.send(request("POST", "/v1/completions", completion(), {"x-revgate-timeout-ms": b"30000"}))
         assert connection.answer().status == 200
+
+
+def test_a_head_that_begins_in_the_same_read_as_a_body_ends_is_held_to_the_cap(router: RouterProcess) -> None:
+    # The defect: the bytes of a read in which a body ended were not counted toward the next
+    # request's head, so a pipelined head of any size up to the next read passed the cap.
+    oversized = {f"x-filler-{index}": b"f" * 1000 for index in range(24)}  # 24 KiB of fields, cap 16 KiB
+    with RawConnection(router.port, timeout=20) as connection:
+        connection.send(request("POST", "/v1/completions", completion(), {"x-request-id": b"before-big-head"})
+                        + request("POST", "/v1/completions", completion(), oversized))  # one write, one read
+        assert connection.answer().status == 200
+        refused = connection.answer()
+    assert refused.status == 431 and refused.error()["where"] == "request headers"
