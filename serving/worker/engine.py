@@ -214,6 +214,22 @@ def _stop_with_parent() -> None:
             _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+LEFTOVER_GRACE_S = 5.0  # what a leftover child of a server that has gone gets after SIGTERM
+
+
+def session_members(session_id: int) -> list[int]:
+    """The live processes whose session id is ``session_id`` (zombies aside). Linux only (reads /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[3]) == session_id and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def session_cpu_seconds(session_id: int) -> float:
     """User + system CPU seconds of the live processes whose session id is ``session_id``."""
     ticks = 0
@@ -326,6 +342,8 @@ class EngineProcess:
                         f"the engine process {process.pid} did not exit within {KILL_WAIT_S:g} s of SIGKILL",
                         where=self.url, fix="The process is stuck in the kernel (I/O or a driver); check the host.",
                     ) from None
+        if process is not None:
+            killed = self._stop_leftovers(process.pid, min(grace, LEFTOVER_GRACE_S)) or killed
         self._close_log()
         self._wait_port_released()
         return killed
@@ -340,6 +358,24 @@ class EngineProcess:
                     fix="Another process holds the port; find it with `ss -ltnp` and stop it.",
                 )
             time.sleep(0.1)
+
+    def _stop_leftovers(self, session_id: int, grace: float) -> bool:
+        """Stop what is left of the engine's session once its server has gone: vLLM's EngineCore
+        child outlives a server that crashed or was killed (about 700 MB each, for ever). Whether
+        SIGKILL was needed."""
+        for signum, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
+            if not session_members(session_id):
+                return False  # gone before this signal was needed
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(session_id, signum)
+            deadline = time.monotonic() + wait_s
+            while session_members(session_id) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if left := session_members(session_id):
+            raise EngineError(f"engine processes {left} did not exit within {KILL_WAIT_S:g} s of SIGKILL",
+                              where=self.url,
+                              fix="The process is stuck in the kernel (I/O or a driver); check the host.")
+        return True
 
     @staticmethod
     def _signal(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import time
@@ -21,6 +23,7 @@ from serving.worker.engine import (
     engine_python,
     free_port,
     port_is_open,
+    session_members,
 )
 
 PY = Path("env/bin/python")
@@ -136,3 +139,32 @@ def test_stop_kills_an_engine_that_ignores_sigterm_and_says_so(tmp_path: Path) -
                           log_path=tmp_path / "log2")
     quiet.start()
     assert quiet.stop(grace=30) is False  # SIGTERM was enough
+
+
+@pytest.mark.parametrize("child_ignores_sigterm", [False, True])
+def test_the_children_of_a_server_that_died_are_stopped_with_it(tmp_path: Path, child_ignores_sigterm: bool) -> None:
+    # The defect: vLLM's API server killed (or crashed) left its EngineCore child running for ever,
+    # because stop() signalled the engine's process group only while the server itself still ran.
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if child_ignores_sigterm else ""
+    child = f"import signal, time; {ignore}time.sleep(600)"
+    server = (  # a server and its engine child, in the server's session, as vLLM's are
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(600)"
+    )
+    engine = SupervisedEngine([sys.executable, "-c", server], {}, free_port(), log_path=tmp_path / "log")
+    engine.start()
+    assert engine.pid is not None
+    try:
+        deadline = time.monotonic() + 30
+        while len(session_members(engine.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(session_members(engine.pid)) == 2, "the stand-in server did not start its child"
+        os.kill(engine.pid, signal.SIGKILL)  # the server dies on its own; its child does not
+        while engine.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(session_members(engine.pid)) == 1
+        assert engine.stop(grace=0.5) is child_ignores_sigterm
+        assert session_members(engine.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine.pid, signal.SIGKILL)  # a failing run leaves nothing behind either
