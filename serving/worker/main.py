@@ -35,14 +35,8 @@ async def serve_worker(
     token = load_token(token_file)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with hold_cache(cache):
-        await _serve(host, port, cache, token, device, engine_python, startup_timeout_s, stop_timeout_s, cpu_slots,
-                     replica_host)
-
-
-async def _serve(host: str, port: int, cache: Path, token: str, device: Device, engine_python: Path | None,
-                 startup_timeout_s: float, stop_timeout_s: float, cpu_slots: int, replica_host: str | None) -> None:
-    agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=replica_host or host,
-                        startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s, cpu_slots=cpu_slots)
-    config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",
-                            lifespan="on", access_log=False)
-    await uvicorn.Server(config).serve()
+        agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=replica_host or host,
+                            startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s, cpu_slots=cpu_slots)
+        config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",
+                                lifespan="on", access_log=False)
+        await uvicorn.Server(config).serve()
