@@ -90,6 +90,12 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds a caller may read nothing while its answers wait; then cut off (default 30)")
     limits.add_argument("--max-buffered-response-bytes", type=int,
                         help="answer bytes held for one caller; over it: cut off (default 4 MiB)")
+    limits.add_argument("--max-connections", type=int,
+                        help="open caller connections; past it: 503 with Retry-After (default 10000)")
+    limits.add_argument("--max-buffered-bytes", type=int,
+                        help="answer bytes unsent to all callers; over it new requests get 503 (default 256 MiB)")
+    limits.add_argument("--record-keep-bytes", type=int, default=1024 * 1024,
+                        help="bytes of one answer kept for its record: its two ends past this (default 1 MiB)")
     limits.add_argument("--shadow-queue-bytes", type=int, help="bytes held for the shadow mirror (default 64 MiB)")
 
 
@@ -188,7 +194,7 @@ def _router(args: argparse.Namespace) -> int:
                           records_sink=args.records_sink, router_id=router_id, sink_interval_s=args.sink_interval,
                           sink_capacity=args.sink_capacity,
                           admin_token=token, poll_interval_s=args.poll_interval, record_outputs=args.record_outputs,
-                          limits=Limits(**given), **shadow_bytes)
+                          limits=Limits(**given), record_keep_bytes=args.record_keep_bytes, **shadow_bytes)
     check_config(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     admin_port = args.admin_port if args.admin_port is not None else args.port + 1
@@ -203,6 +209,7 @@ _LIMIT_FLAGS = {  # Limits field: argparse destination
     "max_url_bytes": "max_url_bytes", "header_timeout_s": "header_timeout", "body_timeout_s": "body_timeout",
     "idle_timeout_s": "idle_timeout", "max_pipelined": "max_pipelined",
     "write_stall_timeout_s": "write_stall_timeout", "max_buffered_response_bytes": "max_buffered_response_bytes",
+    "max_connections": "max_connections", "max_buffered_bytes": "max_buffered_bytes",
 }
 
 

@@ -83,10 +83,17 @@ class ServerConnection(asyncio.Protocol):
         self.close_when_done = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Keep the transport; the watchdog times the connection from now."""
+        """Keep the transport; the watchdog times the connection from now. Past the cap: 503, closed."""
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         self.since = self.watchdog.now
-        self.watchdog.connections.add(self)
+        watchdog = self.watchdog
+        over = len(watchdog.connections) >= self.limits.max_connections
+        watchdog.connections.add(self)
+        if over:
+            watchdog.connections_refused += 1
+            self.refused = True
+            self._last_answer(overloaded(f"the router holds its cap of {self.limits.max_connections} connections",
+                                         "--max-connections", keep_alive=False))
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; input over a limit or malformed is refused, input after a refusal dropped."""
@@ -203,6 +210,14 @@ class ServerConnection(asyncio.Protocol):
         if isinstance(item, bytes):
             self._last_answer(item)
             return
+        if self.watchdog.shedding:  # answers unsent to all callers passed the budget: no new work until they drain
+            self.watchdog.requests_shed += 1
+            self.write(overloaded(f"answers unsent to callers passed {self.limits.max_buffered_bytes} bytes",
+                                  "--max-buffered-bytes", keep_alive=item.keep_alive))
+            if not item.keep_alive:
+                self.close_when_done = True
+            self.request_done()
+            return
         try:
             work = self.handler(self, item)
         except Exception:  # a defect in a handler must not take the connection's parser down with it
@@ -228,6 +243,11 @@ class ServerConnection(asyncio.Protocol):
             transport.write_eof()
         else:  # pragma: no cover - TCP transports can
             transport.close()
+
+    def unsent(self) -> int:
+        """Answer bytes written and not yet taken by the caller (for the router's global budget)."""
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None and not self.closed else 0
 
     def expire(self, now: float) -> None:
         """Watchdog: close lingering and idle connections, answer 408 to slow heads and bodies."""
@@ -350,6 +370,12 @@ def response_head(status: int, content_type: bytes, headers: bytes, length: int 
     return b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n%s%s%s\r\n" % (
         status, reason, content_type, framing, connection, headers
     )
+
+
+def overloaded(what: str, flag: str, *, keep_alive: bool) -> bytes:
+    """A whole 503 answer with Retry-After: the router is over one of its global budgets."""
+    body = refusal_body(what, "overloaded", "router", f"Retry after a second; operators: see {flag} in docs/router.md.")
+    return response_head(503, b"application/json", b"retry-after: 1\r\n", len(body), keep_alive) + body
 
 
 def chunk(data: bytes) -> bytes:

@@ -31,6 +31,8 @@ class Limits:
     linger_s: float = 2.0  # after a refusal: input read and dropped this long, so the answer is not reset
     write_stall_timeout_s: float = 30.0  # answers to a caller that reads nothing for this long: connection aborted
     max_buffered_response_bytes: int = 4 * MIB  # answer bytes the router holds for one caller; over it: aborted
+    max_connections: int = 10_000  # open caller connections; past it a new one gets 503 and is closed
+    max_buffered_bytes: int = 256 * MIB  # answer bytes unsent to all callers together; over it: new requests 503
 
     @property
     def tick_s(self) -> float:
@@ -50,6 +52,9 @@ class Watched(Protocol):
     def expire(self, now: float) -> None:
         """Time the connection out if its phase has lasted too long."""
 
+    def unsent(self) -> int:
+        """Answer bytes written to the connection and not yet taken by its peer."""
+
 
 class Watchdog:
     """One timer for every connection of a server: a coarse clock and a periodic sweep."""
@@ -60,6 +65,10 @@ class Watchdog:
         self.now = 0.0  # loop time at the last tick: what connections stamp their phases with
         # Callers who read slower than their answers arrive, and those cut off for it (exported as counters).
         self.write_pauses = self.write_stalls = self.buffer_overflows = 0
+        # Global budgets: bytes unsent to all callers (summed each tick), and what was refused over them.
+        self.buffered = 0
+        self.shedding = False
+        self.connections_refused = self.requests_shed = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
 
@@ -78,6 +87,10 @@ class Watchdog:
     def _tick(self) -> None:
         assert self._loop is not None
         self.now = now = self._loop.time()
+        buffered = 0
         for connection in list(self.connections):
             connection.expire(now)
+            buffered += connection.unsent()
+        self.buffered = buffered
+        self.shedding = buffered > self.limits.max_buffered_bytes
         self._handle = self._loop.call_later(self.limits.tick_s, self._tick)

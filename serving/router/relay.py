@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +29,13 @@ class Relay:
 
     __slots__ = (
         "caller", "chunked", "context", "discard", "error", "extra_headers", "finished", "first_s", "head",
-        "keep_alive", "last_s", "may_retry", "on_settled", "parts", "settled", "started", "status", "streamed",
+        "keep_alive", "kept", "last_s", "may_retry", "on_settled", "parts", "settled", "started", "status", "streamed",
+        "tail", "tail_bytes", "truncated",
     )
+    # Bytes of one answer kept for its record (usage, output text, the shadow's pair): the first
+    # half and the last half of this. An answer larger than that is relayed whole but recorded
+    # from its two ends (the usage block and finish reason are at the end; the text is then cut).
+    keep_bytes = 1024 * 1024
 
     def __init__(
         self, caller: ServerConnection | None, extra_headers: bytes, keep_alive: bool, may_retry: bool, *,
@@ -44,6 +50,9 @@ class Relay:
         self.chunked = self.streamed = self.discard = self.started = self.settled = False
         self.head = b""  # a head not yet written (content-length responses)
         self.parts: list[bytes] = []
+        self.kept = self.tail_bytes = 0
+        self.tail: deque[bytes] | None = None  # past keep_bytes / 2: the answer's last pieces
+        self.truncated = False
         self.first_s: float | None = None
         self.last_s: float | None = None
         self.error: UpstreamError | None = None
@@ -74,7 +83,11 @@ class Relay:
         """Forward a body piece at once; keep it for the record."""
         if self.first_s is None:
             self.first_s = time.time()
-        self.parts.append(data)
+        if self.kept < self.keep_bytes >> 1:
+            self.parts.append(data)
+            self.kept += len(data)
+        else:
+            self._keep_tail(data)
         if self.started and self.caller is not None:
             if self.chunked:
                 self.caller.write(chunk(data))
@@ -105,6 +118,16 @@ class Relay:
             self.head = b""
         self._settle()
 
+    def _keep_tail(self, data: bytes) -> None:
+        tail = self.tail
+        if tail is None:
+            tail = self.tail = deque()
+        tail.append(data)
+        self.tail_bytes += len(data)
+        while self.tail_bytes > self.keep_bytes >> 1 and len(tail) > 1:
+            self.tail_bytes -= len(tail.popleft())
+            self.truncated = True
+
     def _settle(self) -> None:
         if self.settled:
             return
@@ -133,9 +156,12 @@ class Relay:
         """
         if not (self.started and self.streamed and self.parts):
             return False
-        return b"".join(self.parts[-2:]).rstrip().endswith(b"data: [DONE]")
+        last = list(self.tail)[-2:] if self.tail else self.parts[-2:]
+        return b"".join(last).rstrip().endswith(b"data: [DONE]")
 
     def body(self) -> bytes:
-        """Everything received so far."""
+        """What was kept of the answer: all of it, or its two ends when it passed ``keep_bytes``."""
         parts = self.parts
+        if self.tail:
+            return b"".join((*parts, *self.tail))
         return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -73,6 +73,7 @@ class RouterConfig:
     shadow_concurrency: int = 4
     shadow_connect_timeout_s: float = 2.0
     limits: Limits = field(default_factory=Limits)  # the HTTP front's caps and timeouts, on the public and admin ports
+    record_keep_bytes: int = 1024 * 1024  # of one answer, kept for its record (its two ends past this)
 
 
 @dataclass(slots=True)
@@ -207,6 +208,7 @@ class Router:
 
     def __init__(self, store: RouteStore, config: RouterConfig) -> None:
         self.store, self.config = store, config
+        Relay.keep_bytes = config.record_keep_bytes  # one router per process: the relays' class setting
         self.route: PinnedRoute | None = None  # the one reference a swap replaces
         self.metrics = RouterMetrics()
         self.pool = UpstreamPool()
@@ -690,7 +692,9 @@ class Router:
                             ("shadow_stale", counters.stale),
                             ("caller_write_paused", public.write_pauses if public else 0),
                             ("caller_write_stalled", public.write_stalls if public else 0),
-                            ("caller_buffer_overflowed", public.buffer_overflows if public else 0)):
+                            ("caller_buffer_overflowed", public.buffer_overflows if public else 0),
+                            ("connections_refused", public.connections_refused if public else 0),
+                            ("requests_shed", public.requests_shed if public else 0)):
             self.metrics.events[(("event", name), ("route", route))] = value
         held: dict[str, int] = {}
         for kind, sink in self.sinks.items():
@@ -708,7 +712,8 @@ class Router:
         self.metrics.process.update(
             tasks=len(asyncio.all_tasks()),
             open_connections=sum(len(watchdog.connections) for watchdog in self._watchdogs),
-            shadow_held_bytes=self.mirror.held_bytes, **held,
+            shadow_held_bytes=self.mirror.held_bytes, unsent_bytes=public.buffered if public else 0,
+            caller_connections=len(public.connections) if public else 0, **held,
         )
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -775,6 +780,9 @@ def check_config(config: RouterConfig) -> None:
     if config.sink_interval_s <= 0 or config.sink_capacity <= 0:
         raise RevgateError("the record sink's interval and capacity must be positive", where="--sink-interval",
                            fix="Give seconds, e.g. 1.0, and a record count, e.g. 100000.")
+    if config.record_keep_bytes < 2:
+        raise RevgateError("the bytes kept per answer must be at least 2", where="--record-keep-bytes",
+                           fix="Give bytes, e.g. 1048576.")
     if config.shadow_queue_bytes <= 0:
         raise RevgateError("the shadow queue's bytes must be positive", where="--shadow-queue-bytes",
                            fix="Give bytes, e.g. 67108864.")
