@@ -78,7 +78,7 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
                         "then the oldest are dropped")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between store polls")
     limits = parser.add_argument_group("limits of the HTTP front (defaults in docs/router.md)")
-    limits.add_argument("--max-body-bytes", type=int, help="request body cap; over it: 413 (default 16 MiB)")
+    limits.add_argument("--max-body-bytes", type=int, help="request body cap; over it: 413 (default 4 MiB)")
     limits.add_argument("--max-header-bytes", type=int, help="request line and headers cap; over it: 431")
     limits.add_argument("--max-headers", type=int, help="header field count cap; over it: 431")
     limits.add_argument("--max-url-bytes", type=int, help="request target cap; over it: 414")

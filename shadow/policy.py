@@ -46,8 +46,13 @@ def side_effecting(body: bytes, side_effecting_tools: frozenset[str]) -> bool:
         return False  # cheap path: no tools anywhere in the body, and no escape that could spell one
     try:
         request = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return True  # unreadable: cannot prove it harmless
+    return side_effecting_document(request, side_effecting_tools)
+
+
+def side_effecting_document(request: Any, side_effecting_tools: frozenset[str]) -> bool:
+    """:func:`side_effecting` on a body already parsed (anything but a JSON object counts as unreadable)."""
     if not isinstance(request, dict):
         return True
     names = tool_names(request)

@@ -20,7 +20,7 @@ MIB = 1024 * 1024
 class Limits:
     """Caps and timeouts of the router's HTTP front (documented in docs/router.md)."""
 
-    max_body_bytes: int = 16 * MIB  # a request body; over it: 413, checked while the body streams in
+    max_body_bytes: int = 4 * MIB  # a request body (JSON: parsed once per request); over it: 413, as it streams in
     max_header_bytes: int = 64 * 1024  # request line and headers together; over it: 431
     max_headers: int = 100  # header fields; over it: 431
     max_url_bytes: int = 8 * 1024  # the request target; over it: 414

@@ -29,14 +29,14 @@ from serving.router.http import Request, ServerConnection, serve
 from serving.router.ids import RequestIds, bad_id, caller_text
 from serving.router.limits import MIB, Limits, Watchdog
 from serving.router.metrics import RouterMetrics
-from serving.router.parse import Usage, output_text, rewrite_model, usage_of
+from serving.router.parse import Usage, output_text, parse_body, rewrite_model, usage_of
 from serving.router.records import JsonLinesWriter
 from serving.router.relay import Relay
 from serving.router.sink import ObjectSink, Sink, Tee
 from serving.router.split import PinnedRoute, Target, compile_route, retry_order
 from serving.router.upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
 from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
-from shadow.policy import side_effecting
+from shadow.policy import side_effecting_document
 
 log = logging.getLogger("revgate.router")
 
@@ -101,6 +101,7 @@ class Call:
     timer: asyncio.TimerHandle | None = None
     connection: UpstreamConnection | None = None
     first: int = 0  # the first endpoint tried
+    document: Any = None  # the request body's JSON, parsed once at entry (UNREADABLE if it is not JSON)
 
 
 def _error_body(message: str, kind: str) -> bytes:
@@ -174,15 +175,15 @@ MAX_LABEL_CHARS = 128
 _LABEL_HEADERS = ((b"x-revgate-class", "class"), (b"x-revgate-task", "task"))
 
 
-def _declared(headers: dict[bytes, bytes], body: bytes) -> dict[str, str]:
+def _declared(headers: dict[bytes, bytes], document: Any) -> dict[str, str]:
     """The labels a request declares about itself, for slicing: ``x-revgate-slices``, ``x-revgate-class``,
     ``x-revgate-task``, and the body's ``metadata`` entries named ``revgate_<label>`` (headers win).
 
-    The body is parsed only when it mentions ``"metadata"``; most requests cost two dict lookups.
+    ``document`` is the body as parsed once at entry.
     """
     labels = _slices(headers.get(b"x-revgate-slices"))
-    if body and b'"metadata"' in body:
-        labels = {**_metadata_labels(body), **labels}
+    if isinstance(document, dict) and "metadata" in document:
+        labels = {**_metadata_labels(document), **labels}
     for header, key in _LABEL_HEADERS:
         value = headers.get(header)
         if value:
@@ -192,11 +193,8 @@ def _declared(headers: dict[bytes, bytes], body: bytes) -> dict[str, str]:
     return labels
 
 
-def _metadata_labels(body: bytes) -> dict[str, str]:
-    try:
-        metadata = json.loads(body).get("metadata")
-    except (ValueError, AttributeError):
-        return {}
+def _metadata_labels(document: dict[str, Any]) -> dict[str, str]:
+    metadata = document.get("metadata")
     if not isinstance(metadata, dict):
         return {}
     return {key.removeprefix("revgate_"): value for key, value in metadata.items()
@@ -337,11 +335,12 @@ class Router:
         key = headers.get(b"x-session-id") or tenant_raw or request_id
         target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
         body = request.body
+        document = parse_body(body) if body else None  # once per request: model, labels, the shadow check
         if target.served_model is not None and body:
-            body = rewrite_model(body, target.served_model)
+            body = rewrite_model(body, target.served_model, document)
         extra = target.headers + b"x-request-id: " + request_id + b"\r\n"
         call = Call(caller, request, route, target, path, body, request_id.decode(), caller_id, tenant,
-                    _declared(headers, request.body), arrival, extra, target.labels)
+                    _declared(headers, document), arrival, extra, target.labels, document=document)
         call.deadline = self._loop.time() + self._timeout_s(call)
         return call
 
@@ -583,7 +582,7 @@ class Router:
         if shadow is None:
             return
         route = call.route.snapshot.route
-        if side_effecting(call.request.body, call.route.side_effecting_tools):
+        if side_effecting_document(call.document, call.route.side_effecting_tools):
             self.metrics.count_event("shadow_skipped_side_effecting", route)
             return
         # The record already holds the text when outputs are recorded: no second join and parse.

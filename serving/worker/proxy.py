@@ -23,7 +23,7 @@ from serving.worker.drain import Admission, Refusal
 REVISION_HEADER = "x-revgate-revision"
 REPLICA_HEADER = "x-revgate-replica"
 MAX_HEAD_BYTES = 64 * 1024
-MAX_BODY_BYTES = 16 * 1024 * 1024  # as the router's --max-body-bytes: nothing larger reaches a replica through it
+MAX_BODY_BYTES = 4 * 1024 * 1024  # as the router's --max-body-bytes: nothing larger reaches a replica through it
 # The router's defaults (serving/router/limits.py): a caller that holds a connection without
 # finishing its request, or without reading its answer, is cut off, never served for ever.
 HEAD_TIMEOUT_S = 10.0

@@ -19,6 +19,7 @@ from registry.record_store import (
     check_router_id,
     open_record_store,
 )
+from serving.router.parse import parse_body
 from serving.router.service import _declared
 from serving.router.sink import ObjectSink
 
@@ -126,11 +127,12 @@ def test_corrupt_and_missing_objects_are_reported_not_skipped(tmp_path: Path) ->
 def test_declared_labels_come_from_headers_and_body_metadata() -> None:
     body = json.dumps({"prompt": "hi", "metadata": {"revgate_task": "sql", "revgate_class": "batch",
                                                     "private": "x"}}).encode()
-    assert _declared({}, body) == {"task": "sql", "class": "batch"}
+    assert _declared({}, parse_body(body)) == {"task": "sql", "class": "batch"}
     headers = {b"x-revgate-task": b"math", b"x-revgate-slices": b"lang=en"}
-    assert _declared(headers, body) == {"task": "math", "class": "batch", "lang": "en"}
-    assert _declared({}, b'{"prompt": "no metadata"}') == {}
-    assert _declared({}, b'{"metadata": [1]') == {}  # unreadable: no labels, still served
+    assert _declared(headers, parse_body(body)) == {"task": "math", "class": "batch", "lang": "en"}
+    assert _declared({}, parse_body(b'{"prompt": "no metadata"}')) == {}
+    assert _declared({}, parse_body(b'{"metadata": [1]')) == {}  # unreadable: no labels, still served
+    assert _declared({}, parse_body(b'{"metadata": [1]}')) == {}
 
 
 def test_bad_store_url_and_router_id_are_typed_errors() -> None:

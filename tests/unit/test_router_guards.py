@@ -75,7 +75,7 @@ def test_the_mirror_drops_copies_past_its_byte_bound_not_only_its_count() -> Non
 
 def test_every_limit_has_a_positive_default_and_the_watchdog_ticks_within_the_shortest_timeout() -> None:
     limits = Limits()
-    assert limits.max_body_bytes == 16 * 1024 * 1024 and limits.max_header_bytes == 64 * 1024
+    assert limits.max_body_bytes == 4 * 1024 * 1024 and limits.max_header_bytes == 64 * 1024
     assert 0 < limits.tick_s <= min(limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s) / 4
     assert Limits(header_timeout_s=1.0).tick_s == 0.25
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from serving.router.metrics import RouterMetrics
-from serving.router.parse import output_text, rewrite_model, usage_of
+from serving.router.parse import UNREADABLE, output_text, parse_body, rewrite_model, usage_of
 
 BODY = (b'{"id":"x","choices":[{"index":0,"text":"hello","finish_reason":"stop"}],'
         b'"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}')
@@ -55,3 +57,15 @@ def test_fast_record_lines_equal_the_schema_serialisation() -> None:
                            output_text="héllo")
     assert dataclass_line(record) == record.to_json()
     assert RequestRecord.from_json(dataclass_line(record)) == record
+
+
+def test_a_body_is_parsed_once_and_the_rewrite_keeps_what_json_allows() -> None:
+    body = b'{"model":"chat","prompt":"caf\\u00e9","n":123456789012345678901234567890,"x":[1.5,null]}'
+    document = parse_body(body)
+    assert isinstance(document, dict) and document["n"] == 123456789012345678901234567890  # past orjson's 64 bits
+    rewritten = json.loads(rewrite_model(body, "rev@abc", document))
+    assert rewritten == {**json.loads(body), "model": "rev@abc"}
+    assert parse_body(b"not json") is UNREADABLE and rewrite_model(b"not json", "rev@abc", UNREADABLE) == b"not json"
+    assert parse_body(b"[" * 100_000) is UNREADABLE  # nesting past any parser's depth: unreadable, not a crash
+    lone = b'{"model":"chat","prompt":"\\ud800"}'  # valid JSON, not encodable as UTF-8 once decoded
+    assert json.loads(rewrite_model(lone, "rev@abc", parse_body(lone)))["prompt"] == "\ud800"
