@@ -25,6 +25,7 @@ from manifests.errors import ManifestInvalid, RevgateError
 from manifests.route import RouteSnapshot, RouteStore
 from registry.record_store import check_router_id, open_record_store
 from serving.admin_token import authorized
+from serving.router.ejection import Ejections
 from serving.router.http import Request, ServerConnection, serve
 from serving.router.ids import RequestIds, bad_id, caller_text
 from serving.router.limits import MIB, Limits, Watchdog
@@ -222,6 +223,7 @@ class Router:
             wanted=self._still_shadowed,
         )
         self.ids = RequestIds()
+        self.ejections = Ejections()
         self._round_robin = 0
         self._refresh_lock: asyncio.Lock | None = None
         self._servers: list[asyncio.Server] = []
@@ -334,6 +336,8 @@ class Router:
         request_id = self.ids.next()
         key = headers.get(b"x-session-id") or tenant_raw or request_id
         target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
+        if target is route.candidate and not self.ejections.any_live(target.endpoints, self._loop.time()):
+            target = self._fallback(route)  # every candidate replica refused: stable serves, counted
         body = request.body
         document = parse_body(body) if body else None  # once per request: model, labels, the shadow check
         if target.served_model is not None and body:
@@ -369,6 +373,7 @@ class Router:
         if not relay.started:  # a retry or a resend on a fresh connection: as a task from here
             call.caller.continue_in(self._serve(call, call.first, relay))
             return
+        self.ejections.answered(call.target.endpoints[call.first])
         self._answered(call, relay)
         call.caller.request_done()
 
@@ -423,21 +428,43 @@ class Router:
 
     async def _attempts(self, call: Call, first: int, settled: Relay | None) -> None:
         """Attempts in retry order; ``settled`` is the first attempt's relay when it already ran."""
-        order = retry_order(call.target, call.route.failure_domains, first)
+        order = self._live_first(call.target, retry_order(call.target, call.route.failure_domains, first))
         plan = [order[step % len(order)] for step in range(call.route.max_retries + 1)]
-        for number, index in enumerate(plan, 1):
+        number = 0
+        while number < len(plan):
+            index = plan[number]
+            number += 1
             call.attempts, call.endpoint = number, call.target.urls[index]
-            relay = await self._attempt(call, index, may_retry=number < len(plan), settled=settled)
+            may_retry = number < len(plan) or self._may_fall_back(call)
+            relay = await self._attempt(call, index, may_retry=may_retry, settled=settled)
             settled = None
             call.relay = relay
             if relay.started:
                 self._answered(call, relay)
                 return
-            if number < len(plan):
+            if number < len(plan) or self._may_fall_back(call):
                 reason = str(relay.error) if relay.error else f"upstream status {relay.status}"
                 self._record(call, "error", reason)
+            if number == len(plan) and self._may_fall_back(call):
+                # Nothing reached the caller and no candidate replica answers: stable serves it.
+                self._retarget(call, self._fallback(call.route))
+                stable = call.target
+                order = self._live_first(stable, list(range(len(stable.endpoints))))
+                plan += [order[step % len(order)] for step in range(call.route.max_retries + 1)]
         message = str(call.relay.error) if call.relay and call.relay.error else "upstream unavailable"
         self._fail(call, "error", 502, message)
+
+    def _may_fall_back(self, call: Call) -> bool:
+        """Whether a call on the candidate may go to stable: none of the candidate's replicas is live."""
+        return call.target is call.route.candidate and not self.ejections.any_live(
+            call.target.endpoints, self._loop.time())
+
+    def _live_first(self, target: Target, order: list[int]) -> list[int]:
+        """``order`` with ejected endpoints moved to the end (all of them kept: with none live, they are tried)."""
+        if not self.ejections.ejected:
+            return order
+        now = self._loop.time()
+        return sorted(order, key=lambda index: not self.ejections.live(target.endpoints[index], now))
 
     async def _attempt(self, call: Call, index: int, *, may_retry: bool, settled: Relay | None = None) -> Relay:
         address = call.target.endpoints[index]
@@ -454,6 +481,7 @@ class Router:
             try:
                 connection = await self.pool.connect(address, fresh=fresh)
             except UpstreamError as error:
+                self.ejections.failed(address, self._loop.time())  # refused: no new requests for a while
                 relay.on_error(error)
                 return relay
             call.caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
@@ -468,11 +496,29 @@ class Router:
             if relay.error is not None and relay.error.stale and not fresh:
                 fresh = True  # an idle keep-alive connection had closed: resend once on a new one
                 continue
+            if relay.error is not None and relay.status == 0:
+                self.ejections.failed(address, self._loop.time())  # reset before answering
+            elif relay.started:
+                self.ejections.answered(address)
             return relay
 
     def _next_endpoint(self, target: Target) -> int:
         self._round_robin += 1
-        return self._round_robin % len(target.endpoints)
+        return self.ejections.first_live(target.endpoints, self._round_robin % len(target.endpoints),
+                                         self._loop.time())
+
+    def _fallback(self, route: PinnedRoute) -> Target:
+        """Stable, for a request the candidate was to serve while none of its replicas answers."""
+        self.metrics.count_event("fallback_to_stable", route.snapshot.route)
+        return route.stable
+
+    def _retarget(self, call: Call, target: Target) -> None:
+        """Move a call that nothing has answered yet to ``target`` (its model name, headers and labels)."""
+        body = call.request.body
+        if target.served_model is not None and body:
+            body = rewrite_model(body, target.served_model, call.document)
+        call.target, call.body, call.labels = target, body, target.labels
+        call.headers = target.headers + b"x-request-id: " + call.request_id.encode() + b"\r\n"
 
     # --- outcomes --------------------------------------------------------------------------
     # Every request ends in one of three places, whichever path served it (pooled callbacks or the
@@ -693,7 +739,8 @@ class Router:
                             ("caller_write_stalled", public.write_stalls if public else 0),
                             ("caller_buffer_overflowed", public.buffer_overflows if public else 0),
                             ("connections_refused", public.connections_refused if public else 0),
-                            ("requests_shed", public.requests_shed if public else 0)):
+                            ("requests_shed", public.requests_shed if public else 0),
+                            ("endpoint_ejected", self.ejections.count)):
             self.metrics.events[(("event", name), ("route", route))] = value
         held: dict[str, int] = {}
         for kind, sink in self.sinks.items():

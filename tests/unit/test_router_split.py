@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from manifests.route import RouteSnapshot
+from serving.router.ejection import Ejections
 from serving.router.split import bucket_ppm, compile_route, retry_order
 from shadow.policy import side_effecting
 
@@ -142,3 +143,20 @@ def test_an_escaped_key_or_name_is_read_as_decoded() -> None:
     assert side_effecting(escaped_key, frozenset({"send_email"})) is True
     assert side_effecting(escaped_name, frozenset({"send_email"})) is True
     assert side_effecting(b'{"prompt":"caf\\u00e9"}', frozenset({"send_email"})) is False
+
+
+def test_an_ejected_endpoint_waits_out_a_doubling_backoff_and_an_answer_ends_it() -> None:
+    ejections = Ejections()
+    dead, live = ("10.0.0.1", 8000), ("10.0.0.2", 8000)
+    assert ejections.live(dead, 0.0) and ejections.first_live([dead, live], 0, 0.0) == 0
+    ejections.failed(dead, 100.0)
+    assert not ejections.live(dead, 100.5) and ejections.live(dead, 101.0)  # 1 s, then a probe
+    assert ejections.first_live([dead, live], 0, 100.5) == 1 and ejections.any_live([dead, live], 100.5)
+    ejections.failed(dead, 101.0)  # the probe failed: twice as long
+    assert not ejections.live(dead, 102.9) and ejections.live(dead, 103.0)
+    for _ in range(10):
+        ejections.failed(dead, 200.0)
+    assert ejections.live(dead, 230.0) and not ejections.live(dead, 229.9)  # capped at 30 s
+    assert not ejections.any_live([dead], 210.0) and ejections.first_live([dead], 0, 210.0) == 0
+    ejections.answered(dead)
+    assert ejections.live(dead, 210.0) and ejections.ejected == {}

@@ -1,0 +1,88 @@
+"""Dead replicas leave the route at once, through a real router and real upstream servers.
+
+A candidate replica that dies (its server stopped: connections refused) costs no request: the
+router ejects it at the first refused connection and sends what the candidate would have served
+to its other replicas, or to stable when it has none left, counted as fallbacks.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.router_harness import UpstreamFarm, fingerprint, router_process, snapshot, wait_until
+
+pytestmark = pytest.mark.servers
+
+ROUTE = "chat"
+
+
+def counter(admin_url: str, name: str) -> int:
+    for line in httpx.get(f"{admin_url}/metrics").text.splitlines():
+        if line.startswith(f"revgate_router_{name}"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def send(url: str, sessions: range) -> list[tuple[int, str]]:
+    """One request per session: its status and the revision that answered."""
+    answers = []
+    with httpx.Client(timeout=20) as client:
+        for session in sessions:
+            response = client.post(f"{url}/v1/completions", json={"model": ROUTE, "prompt": "hi", "max_tokens": 2},
+                                   headers={"x-session-id": f"session-{session}"})
+            answers.append((response.status_code, response.headers.get("x-revgate-revision", "")))
+    return answers
+
+
+def test_a_candidate_replica_that_dies_costs_no_request(tmp_path: Path) -> None:
+    with UpstreamFarm(["s1"]) as stable, UpstreamFarm(["c1"]) as first, UpstreamFarm(["c2"]) as second:
+        route = snapshot(ROUTE, 1, [stable["s1"]], candidate=[first["c1"], second["c2"]], weight_ppm=500_000)
+        with router_process(tmp_path, ROUTE, route) as router:
+            before = send(router.url, range(40))
+            assert all(status == 200 for status, _ in before)
+            assert {revision for _, revision in before} == {fingerprint("s"), fingerprint("c")}
+
+            first.__exit__()  # one candidate replica dies: its port refuses connections
+            wait_until(lambda: not accepts(first["c1"].port), timeout=20)
+            one_dead = send(router.url, range(40, 120))
+            assert [a for a in one_dead if a[0] != 200] == [], "a request failed on a dead candidate replica"
+            assert fingerprint("c") in {revision for _, revision in one_dead}  # the other replica serves on
+            assert counter(router.admin_url, "endpoint_ejected_total") >= 1
+
+            second.__exit__()  # the candidate's last replica dies: its requests go to stable
+            wait_until(lambda: not accepts(second["c2"].port), timeout=20)
+            fallbacks = counter(router.admin_url, "fallback_to_stable_total")
+            none_left = send(router.url, range(120, 200))
+            assert [a for a in none_left if a[0] != 200] == [], "a request failed with no candidate replica left"
+            assert {revision for _, revision in none_left} == {fingerprint("s")}
+            assert counter(router.admin_url, "fallback_to_stable_total") > fallbacks
+
+
+def accepts(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_an_ejected_replica_is_probed_again_and_serves_once_it_is_back(tmp_path: Path) -> None:
+    with UpstreamFarm(["s1"]) as stable:
+        dead = UpstreamFarm(["c1"])  # not started yet: its port refuses
+        route = snapshot(ROUTE, 1, [stable["s1"]], candidate=[dead["c1"]], weight_ppm=1_000_000)
+        with router_process(tmp_path, ROUTE, route) as router:
+            assert {revision for status, revision in send(router.url, range(5)) if status == 200} == {fingerprint("s")}
+            with dead:  # the replica comes up: after its backoff the router probes it and it serves
+                deadline = time.monotonic() + 30
+                served: set[str] = set()
+                while fingerprint("c") not in served and time.monotonic() < deadline:
+                    answers = send(router.url, range(5, 10))
+                    assert all(status == 200 for status, _ in answers)
+                    served |= {revision for _, revision in answers}
+                assert fingerprint("c") in served, "the candidate replica was never probed again"
