@@ -1,4 +1,4 @@
-"""Property-based tests of the router's HTTP front: whatever a client sends, a typed answer, then service.
+"""Property-based tests of the router's HTTP front: whatever a client sends or does with its answers, the next is served.
 
 A real router process, raw sockets. Hypothesis builds request lines, headers and bodies, from
 plausible to garbage; each is sent on a fresh connection, then a well-formed request follows (on
@@ -7,9 +7,11 @@ the same connection if the router kept it open, else on a new one) and must be s
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 
+import httptools
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -21,7 +23,8 @@ pytestmark = pytest.mark.servers
 
 ROUTE = "chat"
 # Short limits so that hostile sizes are cheap to generate; a short header timeout for garbage heads.
-LIMITS = ("--max-body-bytes", "4096", "--max-header-bytes", "2048", "--max-headers", "20", "--max-url-bytes", "512",
+LIMITS = ("--write-stall-timeout", "3",
+          "--max-body-bytes", "4096", "--max-header-bytes", "2048", "--max-headers", "20", "--max-url-bytes", "512",
           "--header-timeout", "2")
 ROUTER_ERRORS = {400, 404, 408, 413, 414, 431, 500, 502, 503, 504}
 
@@ -128,3 +131,73 @@ def test_any_request_gets_a_typed_answer_and_the_router_serves_the_next(router: 
                 assert b"upgrade" in raw.lower() or answer.status >= 400, raw[:200]
     with RawConnection(router.port, timeout=15) as fresh:
         assert served(fresh)
+
+
+# --- answers: callers who read slowly, partly, never, or reset ---------------------------------
+
+ANSWER_TOKENS = st.sampled_from([2, 300, 4000, 15_000])  # from a few bytes to about 100 KiB
+
+
+@st.composite
+def consumers(draw: st.DrawFn) -> tuple[list[bytes], bool, str, int]:
+    """Pipelined requests for answers of any size, a receive buffer, how much is read, how it ends."""
+    wire = [request("POST", "/v1/completions", completion(draw(ANSWER_TOKENS), stream=draw(st.booleans())),
+                    {"x-request-id": b"consumer"})
+            for _ in range(draw(st.integers(1, 4)))]
+    return wire, draw(st.booleans()), draw(st.sampled_from(["all", "some", "none"])), draw(st.integers(1, 200_000))
+
+
+class Answers:
+    """Counts the complete answers a parser has seen."""
+
+    complete = 0
+
+    def on_message_complete(self) -> None:
+        self.complete += 1
+
+
+def in_flight(router: RouterProcess) -> list[int]:
+    import httpx
+
+    lines = httpx.get(f"{router.admin_url}/metrics", timeout=10).text.splitlines()
+    return [int(float(line.rsplit(" ", 1)[1])) for line in lines if line.startswith("revgate_router_in_flight{")]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(behaviour=consumers(), reset=st.booleans())
+def test_whatever_a_caller_does_with_its_answers_the_next_caller_is_served(
+    router: RouterProcess, behaviour: tuple[list[bytes], bool, str, int], reset: bool
+) -> None:
+    import socket
+    import struct
+    import time
+
+    from tests.integration.router_harness import wait_until
+
+    wire, tiny, reading, budget = behaviour
+    sock = socket.socket()
+    if tiny:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", router.port))
+    sock.settimeout(10)
+    sock.sendall(b"".join(wire))
+    wanted = {"all": 1 << 40, "some": budget, "none": 0}[reading]
+    counted = Answers()
+    parser = httptools.HttpResponseParser(counted)
+    received = 0
+    with contextlib.suppress(OSError):
+        while received < wanted and counted.complete < len(wire) and (data := sock.recv(65536)):
+            received += len(data)
+            parser.feed_data(data)
+    if reading == "all":
+        assert counted.complete == len(wire), "a caller reading everything did not get every answer"
+    if reset:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+    started = time.monotonic()
+    with RawConnection(router.port, timeout=15) as fresh:
+        assert served(fresh), "the next caller was not served"
+    assert time.monotonic() - started < 10, "the next caller waited on another caller's answers"
+    assert min(in_flight(router), default=0) >= 0
+    wait_until(lambda: sum(in_flight(router)) == 0, timeout=15, describe=lambda: f"in flight {in_flight(router)}")
