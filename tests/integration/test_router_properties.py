@@ -1,4 +1,4 @@
-"""Property-based tests of the router's HTTP front: whatever a client sends or does with its answers, the next is served.
+"""Property tests of the router's front: whatever a client sends or does with its answers, the next is served.
 
 A real router process, raw sockets. Hypothesis builds request lines, headers and bodies, from
 plausible to garbage; each is sent on a fresh connection, then a well-formed request follows (on
