@@ -23,6 +23,7 @@ from promotion.ownership import Takeover, takeover
 from promotion.routes import renew_leases
 
 log = logging.getLogger(__name__)
+PROBE_TIMEOUT_S = 5.0  # the cancel probe's time box per beat (never longer than the beat itself)
 
 Change = Callable[[RouteSnapshot], RouteSnapshot | None]
 
@@ -133,6 +134,7 @@ class Heartbeat:
         self.watches = tuple(watches)  # asked once per beat: must the rollout stop?
         self.renewals = 0
         self._stop = threading.Event()
+        self._probe: threading.Thread | None = None
         # A copy of the caller's context: Prefect's settings and run context travel with it.
         context = contextvars.copy_context()
         self._thread = threading.Thread(target=context.run, args=(self._run,), name="revgate-lease-heartbeat",
@@ -157,26 +159,57 @@ class Heartbeat:
         return renew_leases(current, lease_seconds=self.lease_seconds, by=self.by, now=datetime.now(UTC))
 
     def beat(self) -> None:
-        """One renewal (nothing to renew when the route has no candidate and no shadow)."""
+        """One renewal (nothing to renew when the route has no candidate and no shadow, or once cancelled)."""
+        if self.owner.cancelled.is_set():
+            return  # the rollout is ending: its leases are left to run out
         if self.owner.commit(self._renewed) is not None:
             self.renewals += 1
 
     def _look(self) -> None:
         for watch in self.watches:
-            if not self.owner.fault and (fault := watch()):
+            try:
+                fault = None if self.owner.fault else watch()
+            except Exception as error:  # a watch that cannot look says nothing this beat; renewal is not its business
+                log.warning("a replica watch failed this beat: %s", error)
+                continue
+            if fault:
                 log.warning("the rollout stops: %s", fault)
                 self.owner.stop(fault)
 
+    def _probe_cancel(self) -> None:
+        """Ask whether the run was cancelled, within a time box: a Prefect API that hangs or fails
+        must never hold up the next renewal. One probe at a time; a hung one is left to finish."""
+        if self.cancelled is None or self.owner.cancelled.is_set():
+            return
+        if self._probe is not None and self._probe.is_alive():
+            return  # the last probe still has not answered
+        answer: list[bool] = []
+
+        def probe() -> None:
+            try:
+                answer.append(bool(self.cancelled and self.cancelled()))
+            except Exception as error:  # the Prefect API is down: ask again next beat
+                log.warning("cannot ask Prefect whether the run was cancelled (the leases are renewed anyway): %s",
+                            error)
+
+        self._probe = threading.Thread(target=contextvars.copy_context().run, args=(probe,),
+                                       name="revgate-cancel-probe", daemon=True)
+        self._probe.start()
+        self._probe.join(min(self.period_s, PROBE_TIMEOUT_S))
+        if answer and answer[0]:
+            log.warning("flow run cancelled: the rollout stops")
+            self.owner.cancel()
+
     def _run(self) -> None:
+        # Renewal first and on its own: whatever fails after it (the Prefect API, a replica watch)
+        # cannot stop the leases being renewed.
         while not self._stop.wait(self.period_s):
             try:
-                if self.cancelled is not None and not self.owner.cancelled.is_set() and self.cancelled():
-                    log.warning("flow run cancelled: the rollout stops")
-                    self.owner.cancel()
-                self._look()
                 self.beat()
             except RouteTakenOver as taken:
                 log.warning("lease heartbeat stops: %s", taken)
                 return
             except Exception:  # a store or router hiccup: the next beat tries again within the lease
                 log.exception("lease renewal failed; retrying in %.0f s", self.period_s)
+            self._probe_cancel()
+            self._look()

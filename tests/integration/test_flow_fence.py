@@ -6,10 +6,12 @@ through the same fence; an operator's rollback ends both, and neither writes the
 
 from __future__ import annotations
 
+import socket
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 from flows.route_owner import Heartbeat, RouteOwner, RouteTakenOver
@@ -18,6 +20,7 @@ from manifests.rollout import Bake, RolloutPlan, SetWeight
 from manifests.route import RevisionTarget, RouteSnapshot
 from manifests.route_change import canary, successor
 from registry.route_store import open_route_store
+from serving.worker.engine import free_port
 from tests.integration.commands import revgate
 from tests.integration.test_flow_lock import spec as lock_spec
 
@@ -180,3 +183,31 @@ def test_a_canary_after_a_full_shadow_is_an_increase_the_capacity_rule_checks(tm
     assert driver._raises_candidate_traffic(shadowed)  # 0% -> 50% of callers, though the mirror was at 100%
     at_weight = successor(shadowed, by="flow", now=now, shadow=None, candidate=canary(CANDIDATE, 500_000, now, 60))
     assert not driver._raises_candidate_traffic(at_weight)
+
+
+@pytest.mark.parametrize("outage", ["refused", "hangs"])
+def test_a_prefect_api_outage_never_stops_lease_renewal(tmp_path: Path, outage: str) -> None:
+    # The defect: the heartbeat asked Prefect whether the run was cancelled before it renewed, in
+    # one try: with the API down every beat raised and nothing was renewed (a hanging API held the
+    # heartbeat for ever). The probe here is a real HTTP call to an API that refuses or never answers.
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=100_000)], lease_seconds=10, lease_renew_seconds=1)
+    spec = fenced_spec(tmp_path, "outage", plan)
+    store = open_route_store(spec.route_store)
+    first = seeded(tmp_path, "outage")
+    owner = RouteOwner(spec, first.generation)
+    now = datetime.now(UTC)
+    owner.commit(lambda current: successor(current, by="flow", now=now, candidate=canary(CANDIDATE, 100_000, now, 10)))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # accepts, never answers
+        port = silent.getsockname()[1] if outage == "hangs" else free_port()
+
+        def cancelled() -> bool:
+            # A read timeout far past the test: an API that never answers, as a hung Prefect server is.
+            return httpx.get(f"http://127.0.0.1:{port}/api/flow_runs/x", timeout=600).status_code == 200
+
+        with Heartbeat(owner, lease_seconds=10, period_s=1, by="flow", cancelled=cancelled) as heartbeat:
+            wait_for(lambda: heartbeat.renewals >= 3, timeout_s=30)
+    renewed = store.read("outage")
+    assert renewed is not None and renewed.candidate is not None
+    assert renewed.candidate.lease_expires_at > now + timedelta(seconds=10)
