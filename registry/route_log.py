@@ -153,13 +153,22 @@ def _repair(objects: RouteObjects, newest: RouteSnapshot, current: Found) -> str
     return current.tag  # another writer moved current meanwhile; the commit below decides
 
 
+def _ours(objects: RouteObjects, name: str, data: bytes) -> bool:
+    """Whether the object a conditional write was refused on holds exactly ``data``: this writer's
+    own write, landed on an attempt whose answer was lost and retried (a snapshot's bytes name its
+    writer and its time, so no other writer's are equal)."""
+    found = objects.get(name)
+    return found is not None and found[0] == data
+
+
 def commit(objects: RouteObjects, snapshot: RouteSnapshot) -> None:
     """Commit ``snapshot`` as the next generation; RouteConflict (and no new generation) otherwise."""
     newest, current = head(objects, strict=True)
     check_successor(newest, snapshot, where=objects.where(CURRENT))
     tag = current.tag if newest is None else _repair(objects, newest, current)
     data = snapshot.canonical()
-    if not objects.put_new(history_name(snapshot.generation), data):
+    name = history_name(snapshot.generation)
+    if not objects.put_new(name, data) and not _ours(objects, name, data):
         check_successor(read(objects), snapshot, where=objects.where(CURRENT))
         raise RouteConflict("the route changed during the write", where=objects.where(CURRENT),
                             fix="Re-read the route and retry.")

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import boto3
+from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from manifests.route import ROUTE_NAME, RouteSnapshot, RouteStoreUnavailable
@@ -117,13 +118,26 @@ def check_conditional_writes(client: Any, bucket: str, prefix: str) -> None:
         )
 
 
+# A route store that does not answer must fail fast: a router's poll and the flow's writes wait on
+# it (boto3's defaults, 60 s per read and 5 attempts, held both for minutes). Standard retries: a
+# retried conditional write that had landed is told from a conflict by route_log.commit.
+TIMEOUT_S = 5.0
+ATTEMPTS = 3
+
+
+def client_config() -> Config:
+    """The route store's botocore settings: short timeouts, a few standard retries."""
+    return Config(connect_timeout=TIMEOUT_S, read_timeout=TIMEOUT_S,
+                  retries={"max_attempts": ATTEMPTS, "mode": "standard"})
+
+
 class S3RouteStore:
     """Snapshots in an S3 bucket; compare-and-swap by conditional writes, probed before the first write."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.client = client or boto3.client("s3", endpoint_url=endpoint_url)
+        self.client = client or boto3.client("s3", endpoint_url=endpoint_url, config=client_config())
         self._checked = False
 
     def _objects(self, route: str) -> S3Objects:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import http.client
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -14,7 +14,8 @@ DROPPED = frozenset({"if-match", "if-none-match"})
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"})
 
 
-def _handler(upstream: str) -> type[BaseHTTPRequestHandler]:
+def _handler(upstream: str, dropped: frozenset[str] = DROPPED,
+             lose_answer: Callable[[str, str], bool] | None = None) -> type[BaseHTTPRequestHandler]:
     parts = urlsplit(upstream)
 
     class Forward(BaseHTTPRequestHandler):
@@ -27,12 +28,15 @@ def _handler(upstream: str) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length) if length else None
             headers = {name: value for name, value in self.headers.items()
-                       if name.lower() not in DROPPED | HOP_BY_HOP}
+                       if name.lower() not in dropped | HOP_BY_HOP}
             connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
             try:
                 connection.request(self.command, self.path, body=body, headers=headers)
                 response = connection.getresponse()
                 data = response.read()
+                if lose_answer is not None and lose_answer(self.command, self.path):
+                    self.close_connection = True  # the request landed; its answer is lost on the way back
+                    return
                 self.send_response(response.status, response.reason)
                 for name, value in response.getheaders():
                     if name.lower() not in HOP_BY_HOP | {"content-length"}:
@@ -68,4 +72,12 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 def ignoring_conditions(upstream: str) -> Iterator[str]:
     """The URL of a proxy to ``upstream`` that strips If-Match and If-None-Match from every request."""
     with serving(_handler(upstream)) as url:
+        yield url
+
+
+@contextmanager
+def losing_answers(upstream: str, lose: Callable[[str, str], bool]) -> Iterator[str]:
+    """The URL of a proxy to ``upstream`` that forwards everything and, for the requests ``lose(method,
+    path)`` picks, drops the answer: the request took effect, the client sees a closed connection."""
+    with serving(_handler(upstream, frozenset(), lose)) as url:
         yield url

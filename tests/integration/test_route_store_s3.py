@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 import uuid
 
 import boto3
 import pytest
 
 from manifests.errors import ManifestInvalid
-from manifests.route import RouteConflict, RouteSnapshot
+from manifests.route import RouteConflict, RouteSnapshot, RouteStoreUnavailable
 from registry.route_store import open_route_store
 from registry.route_store_s3 import ConditionalWritesIgnored, S3RouteStore
-from tests.integration.s3_proxy import ignoring_conditions
+from tests.integration.s3_proxy import ignoring_conditions, losing_answers
 
 pytestmark = pytest.mark.servers
 
@@ -130,3 +132,37 @@ def test_an_endpoint_that_ignores_conditional_writes_is_refused_before_any_write
             found.write(snap(1))
     assert "compare-and-swap" in caught.value.what and caught.value.fix
     assert boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_a_retried_write_that_had_landed_is_a_commit_not_a_conflict(s3_endpoint: str) -> None:
+    # The defect: the first PUT of history/N landed but its answer was lost; boto3 retried, the
+    # retry's If-None-Match failed against our own object, and the flow took itself for another writer.
+    bucket = f"routes-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    lost: list[str] = []
+
+    def lose_first_history_put(method: str, path: str) -> bool:
+        if method == "PUT" and "/history/" in path and not lost:
+            lost.append(path)
+            return True
+        return False
+
+    with losing_answers(s3_endpoint, lose_first_history_put) as proxy:
+        store = open_route_store(f"s3://{bucket}/prod?endpoint_url={proxy}")
+        store.write(snap(1))
+    assert lost, "no answer was lost: the test did not exercise the retry"
+    current = open_route_store(f"s3://{bucket}/prod?endpoint_url={s3_endpoint}").read("chat")
+    assert current is not None and current.generation == 1
+
+
+def test_a_store_that_does_not_answer_fails_within_seconds_not_minutes(s3_endpoint: str) -> None:
+    # boto3's defaults (60 s read timeout, retried) held a router's poll and the flow for minutes.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # accepts connections (in the backlog), never answers
+        store = open_route_store(f"s3://routes/prod?endpoint_url=http://127.0.0.1:{silent.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(RouteStoreUnavailable) as raised:
+            store.read("chat")
+    assert time.monotonic() - started < 30
+    assert "route store" in str(raised.value)
