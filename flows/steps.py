@@ -231,6 +231,11 @@ def served_generations(spec: PromotionSpec) -> dict[str, int | None]:
     served: dict[str, int | None] = {}
     for admin_url in spec.routers():
         health = _router_call(spec, admin_url, "/admin/health", "GET")
+        if health and health.get("store_regressed"):
+            # It serves a generation the store no longer has: not the route the flow wrote, whatever its number.
+            log.warning("router %s: %s", admin_url, health["store_regressed"].get("message"))
+            served[admin_url] = None
+            continue
         served[admin_url] = int(health["generation"]) if health and "generation" in health else None
     return served
 

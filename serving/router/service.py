@@ -209,6 +209,7 @@ class Router:
         self.store, self.config = store, config
         Relay.keep_bytes = config.record_keep_bytes  # one router per process: the relays' class setting
         self.route: PinnedRoute | None = None  # the one reference a swap replaces
+        self.regressed: dict[str, Any] | None = None  # set while the store holds an older generation than served
         self.metrics = RouterMetrics()
         self.pool = UpstreamPool()
         self.sinks: dict[str, ObjectSink] = {}
@@ -253,14 +254,46 @@ class Router:
             return "wrong-route"
         if current is not None and snapshot.generation <= current.snapshot.generation:
             if snapshot.generation < current.snapshot.generation:
-                self.metrics.count_event("snapshot_regressed", self.config.route)
+                self._regressed(snapshot.generation, current.snapshot.generation)
                 return "older"
+            self.regressed = None
             return "unchanged"
+        self.regressed = None
+        self._install(snapshot)
+        return "installed"
+
+    def _regressed(self, stored: int, served: int) -> None:
+        """The store's generation went backwards (restored from a backup, recreated): a new store epoch.
+
+        The router keeps serving what it serves and says so, loudly, until the store catches up or an
+        operator accepts the store's snapshot (``POST /admin/accept-store-epoch``): never silence,
+        which let every router keep its newer snapshot for ever while the flow counted it as serving.
+        """
+        self.metrics.count_event("snapshot_regressed", self.config.route)
+        if self.regressed is None or self.regressed["store_generation"] != stored:
+            log.error("route %s: the store holds generation %d, older than the %d served: a new store epoch? "
+                      "serving generation %d until the store catches up or an operator accepts its snapshot "
+                      "(POST /admin/accept-store-epoch)", self.config.route, stored, served, served)
+        self.regressed = {"store_generation": stored, "served_generation": served,
+                          "message": f"the route store went back from generation {served} to {stored}",
+                          "fix": "Check the store; to serve its snapshot, POST /admin/accept-store-epoch."}
+
+    async def accept_store_epoch(self) -> str:
+        """An operator's word: serve the store's snapshot even though its generation is older."""
+        snapshot = await asyncio.get_running_loop().run_in_executor(None, self.store.read, self.config.route)
+        if snapshot is None or snapshot.route != self.config.route:
+            return "missing"
+        log.warning("route %s: an operator accepted the store's generation %d as a new epoch", snapshot.route,
+                    snapshot.generation)
+        self.regressed = None
+        self._install(snapshot)
+        return "installed"
+
+    def _install(self, snapshot: RouteSnapshot) -> None:
         self.route = compile_route(snapshot)
         self.metrics.generation[(("route", snapshot.route),)] = snapshot.generation
         self.metrics.count_event("snapshot_installed", snapshot.route)
         log.info("route %s: serving generation %d", snapshot.route, snapshot.generation)
-        return "installed"
 
     async def refresh(self) -> str:
         """Read the store once; a corrupt or unreachable store keeps the last good snapshot."""
@@ -703,6 +736,9 @@ class Router:
         if (request.method, path) == ("POST", b"/admin/notify"):
             result = await self.refresh()
             caller.respond(200, json.dumps({"result": result, "generation": self._generation()}).encode())
+        elif (request.method, path) == ("POST", b"/admin/accept-store-epoch"):
+            result = await self.accept_store_epoch()
+            caller.respond(200, json.dumps({"result": result, "generation": self._generation()}).encode())
         elif (request.method, path) == ("GET", b"/admin/health"):
             caller.respond(200, json.dumps(self.health()).encode())
         elif (request.method, path) == ("GET", b"/admin/snapshot"):
@@ -715,9 +751,10 @@ class Router:
         """What ``/admin/health`` says: the generation served and each record sink's state."""
         sinks = {kind: sink.health() for kind, sink in self.sinks.items()}
         files = {kind: file.health() for kind, file in self.files.items()}
-        ok = self.route is not None and all(item["ok"] for item in (*sinks.values(), *files.values()))
+        ok = self.route is not None and self.regressed is None and all(
+            item["ok"] for item in (*sinks.values(), *files.values()))
         return {"status": "ok" if ok else "degraded", "route": self.config.route, "router_id": self.config.router_id,
-                "generation": self._generation(), "sinks": sinks, "files": files}
+                "generation": self._generation(), "sinks": sinks, "files": files, "store_regressed": self.regressed}
 
     def _authorised(self, request: Request) -> bool:
         token = self.config.admin_token

@@ -1,4 +1,4 @@
-"""Dead replicas leave the route at once, through a real router and real upstream servers.
+"""Dead replicas and a store that goes back, through a real router and real upstream servers.
 
 A candidate replica that dies (its server stopped: connections refused) costs no request: the
 router ejects it at the first refused connection and sends what the candidate would have served
@@ -7,13 +7,17 @@ to its other replicas, or to stable when it has none left, counted as fallbacks.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from flows.steps import served_generations
+from registry.route_store import FileRouteStore
 from tests.integration.router_harness import UpstreamFarm, fingerprint, router_process, snapshot, wait_until
+from tests.integration.test_flow_lock import spec as lock_spec
 
 pytestmark = pytest.mark.servers
 
@@ -86,3 +90,39 @@ def test_an_ejected_replica_is_probed_again_and_serves_once_it_is_back(tmp_path:
                     assert all(status == 200 for status, _ in answers)
                     served |= {revision for _, revision in answers}
                 assert fingerprint("c") in served, "the candidate replica was never probed again"
+
+
+def test_a_store_whose_generation_goes_back_is_a_new_epoch_the_router_names_until_an_operator_accepts_it(
+    tmp_path: Path,
+) -> None:
+    # The defect: a store restored from a backup (or recreated) held an older generation; every
+    # router kept its newer snapshot for ever, silently, and the flow counted it as serving.
+    with (
+        UpstreamFarm(["old1"]) as old,
+        UpstreamFarm(["new1"]) as new,
+        router_process(tmp_path, ROUTE, snapshot(ROUTE, 1, [old["old1"]])) as router,
+    ):
+        for _ in (2, 3):
+            router.commit(lambda g: snapshot(ROUTE, g, [old["old1"]]))
+        admin = {"Authorization": f"Bearer {router.token}"}
+        assert httpx.get(f"{router.admin_url}/admin/health", headers=admin).json()["generation"] == 3
+
+        shutil.rmtree(tmp_path / "routes")  # the store is recreated: generation 1 again, another stable
+        FileRouteStore(tmp_path / "routes").write(snapshot(ROUTE, 1, [new["new1"]]))
+        assert router.notify()["result"] == "older"
+        health = httpx.get(f"{router.admin_url}/admin/health", headers=admin).json()
+        assert health["status"] == "degraded" and health["generation"] == 3
+        assert health["store_regressed"]["store_generation"] == 1
+        assert "went back from generation 3 to 1" in health["store_regressed"]["message"]
+        assert {revision for _, revision in send(router.url, range(3))} == {fingerprint("old")}  # serves on
+        assert "a new store epoch" in (tmp_path / "router.log").read_text()
+        # The flow no longer counts it as serving the route it wrote.
+        spec = lock_spec(tmp_path, ROUTE).model_copy(update={
+            "router_admin_url": router.admin_url, "router_admin_token_file": str(tmp_path / "token")})
+        assert served_generations(spec) == {router.admin_url: None}
+
+        accepted = httpx.post(f"{router.admin_url}/admin/accept-store-epoch", headers=admin).json()
+        assert accepted == {"result": "installed", "generation": 1}
+        health = httpx.get(f"{router.admin_url}/admin/health", headers=admin).json()
+        assert health["status"] == "ok" and health["store_regressed"] is None
+        assert {revision for _, revision in send(router.url, range(3))} == {fingerprint("new")}
