@@ -8,6 +8,7 @@ per million (ppm), because canonical documents carry no floats.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Literal, Protocol
 from urllib.parse import urlsplit
@@ -198,6 +199,10 @@ class RouteStore(Protocol):
 
     def history(self, route: str) -> list[RouteSnapshot]:
         """Every committed generation, oldest first."""
+        ...
+
+    def back(self, route: str) -> Iterator[RouteSnapshot]:
+        """The newest committed snapshot, then older generations one by one, each read only when asked for."""
         ...
 
     def routes(self) -> list[str]:

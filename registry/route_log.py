@@ -12,6 +12,7 @@ current generation's entry from current. Every object is read in canonical form 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -135,6 +136,22 @@ def history(objects: RouteObjects) -> list[RouteSnapshot]:
     if newest is not None and (not snapshots or snapshots[-1].generation < newest.generation):
         snapshots.append(newest)
     return snapshots
+
+
+def back(objects: RouteObjects) -> Iterator[RouteSnapshot]:
+    """The newest committed snapshot, then each older readable generation, read only when asked for.
+
+    A planner that needs the last few generations (a rollback) reads those, not the whole history:
+    one GET per generation on S3, and a heartbeat adds a generation per renewal.
+    """
+    newest = read(objects)
+    if newest is None:
+        return
+    yield newest
+    for generation in range(newest.generation - 1, 0, -1):
+        snapshot = load(objects, history_name(generation), generation).snapshot
+        if snapshot is not None:
+            yield snapshot
 
 
 def _repair(objects: RouteObjects, newest: RouteSnapshot, current: Found) -> str | None:

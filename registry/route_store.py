@@ -100,6 +100,10 @@ class FileRouteStore:
         """Every readable committed generation, oldest first, ending with the newest."""
         return route_log.history(self._objects(route))
 
+    def back(self, route: str) -> Iterator[RouteSnapshot]:
+        """The newest committed snapshot, then older generations, each read only when asked for."""
+        return route_log.back(self._objects(route))
+
     def routes(self) -> list[str]:
         """The routes with at least one committed generation, sorted."""
         try:

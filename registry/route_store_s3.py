@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -162,6 +163,10 @@ class S3RouteStore:
     def history(self, route: str) -> list[RouteSnapshot]:
         """Every readable committed generation, oldest first, ending with the newest."""
         return route_log.history(self._objects(route))
+
+    def back(self, route: str) -> Iterator[RouteSnapshot]:
+        """The newest committed snapshot, then older generations, each read only when asked for."""
+        return route_log.back(self._objects(route))
 
     def routes(self) -> list[str]:
         """The routes with at least one committed generation, sorted (LISTs by delimiter, paginated)."""

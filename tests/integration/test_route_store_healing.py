@@ -63,7 +63,7 @@ def test_rollback_plans_around_a_damaged_entry(backend: str, damage: str, tmp_pa
     seed_history(url)  # generation 1 stable, 2 canary, 3 the canary promoted
     harm(*DAMAGES[damage])
 
-    done = revgate("rollback", "--routes", url, "--route", "chat", "--created-by", "oncall")
+    done = revgate("rollback", "--routes", url, "--route", "chat", "--created-by", "oncall", "--force")
     assert done.returncode == 0, done.stderr
     assert "generation 3 -> 4" in done.stdout
     store = open_route_store(url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,7 +23,14 @@ from promotion.machine import (
     start,
 )
 from promotion.routes import desired_route, renew_leases
-from rollback.plan import NothingToRollBack, last_known_good, rollback_snapshot
+from rollback.plan import (
+    NoLiveStable,
+    NothingToRollBack,
+    last_known_good,
+    on_live_endpoints,
+    plan_rollback,
+    rollback_snapshot,
+)
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
@@ -158,3 +166,37 @@ def test_plan_renews_leases_inside_the_lease() -> None:
     assert RolloutPlan.build(steps=[Bake(seconds=1)], lease_seconds=12, lease_renew_seconds=3).renew_every_s == 3
     with pytest.raises(ManifestInvalid, match="at most half of lease_seconds"):
         RolloutPlan.build(steps=[Bake(seconds=1)], lease_seconds=10, lease_renew_seconds=6)
+
+
+def test_a_rollback_plan_reads_the_history_only_as_far_as_it_needs() -> None:
+    first = route()
+    canary_route = desired_route(first, RolloutState(weight_ppm=10_000), CANDIDATE, lease_seconds=60, by="f", now=NOW)
+    assert canary_route is not None
+    renewals = [canary_route]
+    for _ in range(50):  # a heartbeat's renewals: one generation each, the same stable
+        renewals.append(desired_route(renewals[-1], RolloutState(weight_ppm=10_000), CANDIDATE, lease_seconds=60,
+                                      by="f", now=NOW + timedelta(seconds=len(renewals))) or renewals[-1])
+    read: list[int] = []
+
+    def newest_first(history: list[RouteSnapshot]) -> Iterator[RouteSnapshot]:
+        for snapshot in reversed(history):
+            read.append(snapshot.generation)
+            yield snapshot
+
+    aborted = plan_rollback(newest_first([first, *renewals]), by="ops", now=NOW)
+    assert aborted.candidate is None and len(read) == 1  # aborting a canary reads the current generation only
+    promoted = desired_route(renewals[-1], RolloutState(status="promoted"), CANDIDATE, lease_seconds=60, by="f",
+                             now=NOW)
+    assert promoted is not None
+    read.clear()
+    reverted = plan_rollback(newest_first([first, *renewals, promoted]), by="ops", now=NOW)
+    assert reverted.stable.fingerprint == STABLE.fingerprint and len(read) == 2  # back to the last other stable
+
+
+def test_a_rollback_lands_on_the_live_endpoints_of_its_stable_or_is_refused() -> None:
+    two = route().model_copy(update={"stable": STABLE.model_copy(
+        update={"endpoints": ("http://127.0.0.1:1", "http://127.0.0.1:2")})})
+    assert on_live_endpoints(two, ["http://127.0.0.1:2"]).stable.endpoints == ("http://127.0.0.1:2",)
+    assert on_live_endpoints(two, two.stable.endpoints) is two
+    with pytest.raises(NoLiveStable, match="would land on nothing"):
+        on_live_endpoints(two, [])
