@@ -410,7 +410,7 @@ def show_until_interrupted(session: DemoSession, done: DemoRollout) -> None:
         prefect_ui = session.env["PREFECT_API_URL"].removesuffix("/api")
         print_tour(Tour(prefect_ui, session.root / "prefect-auth", done.run_page, mlflow_ui,
                         done.spec.registered_model, session.public_url, session.admin_url, session.routes,
-                        session.token, session.worker_url))
+                        session.token, session.worker_url, done.spec.tracking_uri, session.env["PREFECT_API_URL"]))
         processes.wait_for_interrupt()
         print("stopping the demo's services")
 
@@ -449,6 +449,8 @@ class Tour:
     routes: str
     token: Path
     worker_url: str
+    tracking_uri: str
+    prefect_api: str
 
 
 def print_tour(tour: Tour) -> None:
@@ -462,6 +464,8 @@ The demo stays up; Ctrl-C stops everything.
     open the latest version: its description says the decision, who approved and the gates;
     its source run holds every document, gate report and plot
   ML engineer, the router: {tour.router_url}/v1 (users' traffic keeps running through it)
+    PREFECT_API_AUTH_STRING="$(cat {tour.auth_file})" \\
     revgate status {ROUTE} --routes {tour.routes} --router {tour.router_admin} --router-token-file {tour.token} \\
-      --worker {tour.worker_url} --worker-token-file {tour.token} --mlflow-ui {tour.mlflow_ui}
+      --worker {tour.worker_url} --worker-token-file {tour.token} --mlflow-ui {tour.mlflow_ui} \\
+      --tracking-uri {tour.tracking_uri} --prefect-api {tour.prefect_api}
 """, flush=True)
