@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 ROUTERS_ENV = "REVGATE_ROUTER_ADMIN_URLS"  # comma-separated admin URLs of the routers to notify
-CONFLICT_ATTEMPTS = 5  # a rollback planned again on top of a concurrent write, this many times at most
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -41,68 +40,23 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run_rollback(args: argparse.Namespace) -> int:
     """Plan and commit the rollback snapshot; print what changed."""
-    from manifests.route import RouteConflict
     from registry.route_store import open_route_store
+    from rollback.land import land, planned_on
+    from serving.worker.engine import answers_health
 
     store = open_route_store(args.routes)
     by = args.created_by or f"{getpass.getuser()} (revgate rollback)"
-    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-        planned = plan(store, args, by)
-        if args.dry_run:
-            print("dry run: nothing committed")
-            return 0
-        try:
-            store.write(planned)  # compare-and-swap: a concurrent change makes this fail and change nothing
-            break
-        except RouteConflict:
-            if attempt == CONFLICT_ATTEMPTS:
-                raise
-            # A live rollout's heartbeat writes a generation per renewal: plan again on top of it.
-            print(f"the route changed during the rollback (attempt {attempt}); planning again on the new generation")
+    now, force = (lambda: datetime.now(UTC)), args.force
+    if args.dry_run:
+        planned_on(store, args.route, by=by, now=now, answers=answers_health, force=force)
+        print("dry run: nothing committed")
+        return 0
+    planned = land(store, args.route, by=by, now=now, answers=answers_health, force=force)
     print(f"committed generation {planned.generation}")
     token = args.admin_token_file.read_text(encoding="utf-8").strip() if args.admin_token_file else ""
     for url in routers_to_notify(args.notify):
         print(f"  router {url}: {notify_router(url, token)}")
     return 0
-
-
-def plan(store: Any, args: argparse.Namespace, by: str) -> Any:
-    """The rollback on top of the route's newest snapshot, on the endpoints that answer; printed."""
-    from rollback.plan import on_live_endpoints, plan_rollback
-
-    generations = store.back(args.route)
-    current = next(generations, None)
-    planned = plan_rollback(_chain(current, generations) if current else iter(()), by=by, now=datetime.now(UTC))
-    assert current is not None  # plan_rollback refused an empty route
-    if planned.stable.fingerprint != current.stable.fingerprint:  # a revert: is anything there to land on?
-        live = [url for url in planned.stable.endpoints if answers_health(url)]
-        if args.force and not live:
-            print(f"warning: no endpoint of {planned.stable.short} answers its health check; --force writes it")
-        elif not args.force:
-            for url in (url for url in planned.stable.endpoints if url not in live):
-                print(f"  endpoint {url} does not answer its health check: left out")
-            planned = on_live_endpoints(planned, live)
-    print(f"route {args.route}: generation {current.generation} -> {planned.generation}")
-    print(f"  stable    {current.stable.short} -> {planned.stable.short}")
-    if current.candidate is not None:
-        print(f"  candidate {current.candidate.short} at {current.candidate.weight_ppm} ppm -> removed")
-    if current.shadow is not None:
-        print(f"  shadow    {current.shadow.short} -> removed")
-    return planned
-
-
-def _chain(first: Any, rest: Any) -> Any:
-    yield first
-    yield from rest
-
-
-def answers_health(url: str, timeout_s: float = 2.0) -> bool:
-    """Whether the endpoint (a replica proxy, or vLLM itself) answers ``GET /health`` with 200."""
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as response:  # noqa: S310
-            return bool(response.status == 200)
-    except (OSError, ValueError):
-        return False
 
 
 def routers_to_notify(flags: list[str]) -> list[str]:

@@ -25,7 +25,8 @@ from manifests.errors import RevgateError
 from registry.errors import ObjectMissing
 from registry.route_store import open_route_store
 from registry.store import open_store
-from rollback.plan import rollback_snapshot
+from rollback.land import land
+from serving.worker.engine import answers_health
 
 DECISION = "decision: "  # a finished promotion's state message: "decision: promoted"
 REFUSED = "refused: "  # a promotion refused before it started: another rollout holds the route
@@ -101,8 +102,9 @@ def rollback(route: str, requested_by: str = "") -> str:
                                 fix=f"Name one the site configuration has: {', '.join(sorted(site.routes))}.")
     settings = site.routes[route]
     store = open_route_store(settings.route_store)
-    planned = rollback_snapshot(store.history(route), by=f"{requester(requested_by)} (rollback)", now=datetime.now(UTC))
-    store.write(planned)
+    # The same rules as `revgate rollback`: onto endpoints that answer, planned again on a concurrent write.
+    planned = land(store, route, by=f"{requester(requested_by)} (rollback)", now=lambda: datetime.now(UTC),
+                   answers=answers_health, say=lambda line: logger.info("%s", line))
     told = "; ".join(f"router {url} {notify_router(settings, url)}"
                      for url in dict.fromkeys((settings.router_admin_url, *settings.more_routers)))
     summary = f"route {route}: generation {planned.generation}, stable {planned.stable.short}; {told}"

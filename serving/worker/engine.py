@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal, Self
+from urllib.parse import urlsplit
 
 from manifests.errors import RevgateError
 from manifests.revision import ExecutionConfig
@@ -184,6 +185,12 @@ def health_status(host: str, port: int, timeout: float = 2.0) -> int | None:
         return None
     finally:
         connection.close()
+
+
+def answers_health(url: str) -> bool:
+    """Whether the endpoint at ``url`` (a replica proxy, or vLLM itself) answers ``GET /health`` with 200."""
+    parts = urlsplit(url)
+    return parts.hostname is not None and parts.port is not None and health_status(parts.hostname, parts.port) == 200
 
 
 def tail_lines(path: Path, count: int = 20) -> str:

@@ -1,0 +1,61 @@
+"""Landing a rollback on the route store: planned on the newest generation, on endpoints that answer,
+planned again on top of a concurrent write. The one procedure behind ``revgate rollback`` and the
+Prefect ``rollback`` deployment.
+
+The store and the health probe are given (this package imports only manifests): it works with
+Prefect and MLflow down.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import datetime
+
+from manifests.route import RouteConflict, RouteSnapshot, RouteStore
+from rollback.plan import on_live_endpoints, plan_rollback
+
+CONFLICT_ATTEMPTS = 5  # planned again on top of a concurrent write (a live heartbeat's), this many times at most
+
+
+def planned_on(store: RouteStore, route: str, *, by: str, now: Callable[[], datetime], answers: Callable[[str], bool],
+               force: bool = False, say: Callable[[str], None] = print) -> RouteSnapshot:
+    """The rollback on top of the route's newest snapshot, reading the history only as far as it needs.
+
+    A revert (another stable) keeps only the endpoints ``answers`` says are up, and is refused
+    (NoLiveStable) when none is, unless ``force``; aborting a canary keeps the stable serving now.
+    """
+    generations = store.back(route)
+    current = next(generations, None)
+    planned = plan_rollback(itertools.chain([current], generations) if current else iter(()), by=by, now=now())
+    assert current is not None  # plan_rollback refused an empty route
+    if planned.stable.fingerprint != current.stable.fingerprint:
+        live = [url for url in planned.stable.endpoints if answers(url)]
+        if force and not live:
+            say(f"warning: no endpoint of {planned.stable.short} answers its health check; --force writes it")
+        elif not force:
+            for url in (url for url in planned.stable.endpoints if url not in live):
+                say(f"  endpoint {url} does not answer its health check: left out")
+            planned = on_live_endpoints(planned, live)
+    say(f"route {route}: generation {current.generation} -> {planned.generation}")
+    say(f"  stable    {current.stable.short} -> {planned.stable.short}")
+    if current.candidate is not None:
+        say(f"  candidate {current.candidate.short} at {current.candidate.weight_ppm} ppm -> removed")
+    if current.shadow is not None:
+        say(f"  shadow    {current.shadow.short} -> removed")
+    return planned
+
+
+def land(store: RouteStore, route: str, *, by: str, now: Callable[[], datetime], answers: Callable[[str], bool],
+         force: bool = False, say: Callable[[str], None] = print) -> RouteSnapshot:
+    """Plan and commit the rollback (compare-and-swap), planning again on top of a concurrent write."""
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        planned = planned_on(store, route, by=by, now=now, answers=answers, force=force, say=say)
+        try:
+            store.write(planned)
+            return planned
+        except RouteConflict:
+            if attempt == CONFLICT_ATTEMPTS:
+                raise
+            say(f"the route changed during the rollback (attempt {attempt}); planning again on the new generation")
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
