@@ -1,8 +1,8 @@
 """Decisions benchmark: how the demo's plan and gate policy decide, measured on whole rollouts of the real system.
 
-One command: ``.venv/bin/python bench/decisions.py [--per-kind 10] [--kinds a,b,...] [--short]`` (on demand;
-hours at the default). Real parts, started once per run: a Prefect server, a worker agent running vLLM
-on the CPU, a router with users' traffic through it, MLflow on SQLite. Then, one at a time and
+One command: ``.venv/bin/python bench/decisions.py [--per-kind 10] [--kinds a,b,...] [--counts k=n,...]
+[--short]`` (on demand; hours at the default). Real parts, started once per run: a Prefect server, a
+worker agent running vLLM on the CPU, a router with users' traffic through it, MLflow on SQLite. Then, one at a time and
 kinds interleaved (so that drift on the host hits every kind alike), whole rollouts of
 ``demo_plan()`` and ``demo_policy()`` from stable alone on the route to a decision, for:
 
@@ -19,7 +19,8 @@ route change that carried the decision (both from the route history).
 Results accumulate in bench/results/decisions.json per gate-code digest (a sha256 over the sources
 that decide, see DECIDING, and the source of ``demo_policy`` and ``demo_plan``): a run under the same
 digest adds its rollouts to that digest's entry; changed code starts a new entry beside the old ones.
-``--short`` is a smoke check: one rollout of each of two kinds.
+``--short`` is a smoke check: one rollout of each of two kinds. ``--counts`` tops an entry up: its
+rollouts spread out so that each kind keeps its share of every stretch of the run.
 """
 
 from __future__ import annotations
@@ -337,17 +338,47 @@ def planned(kinds: Iterable[str], per_kind: int) -> list[str]:
     return [kind for _ in range(per_kind) for kind in names]
 
 
+def planned_counts(counts: dict[str, int]) -> list[str]:
+    """Given counts per kind, spread out: each next rollout is of the kind furthest behind its share."""
+    total = sum(counts.values())
+    done = dict.fromkeys(counts, 0)
+    order: list[str] = []
+    for step in range(1, total + 1):
+        kind = max((k for k in counts if done[k] < counts[k]), key=lambda k: counts[k] * step / total - done[k])
+        done[kind] += 1
+        order.append(kind)
+    return order
+
+
+def counts_of(text: str) -> dict[str, int]:
+    """``kind=N,kind=N`` (what a digest's entry still lacks, say) as counts; a clear error for anything else."""
+    counts: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, number = item.partition("=")
+        if kind not in KINDS or not number.isdigit():
+            raise SystemExit(f"--counts: {item!r} is not KIND=N with KIND one of {', '.join(KINDS)}")
+        counts[kind] = int(number)
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-kind", type=int, default=10, help="rollouts of each kind")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated (default: {','.join(KINDS)})")
     parser.add_argument("--short", action="store_true", help=f"smoke check: one rollout each of {SHORT_KINDS}")
+    parser.add_argument("--counts", help="rollouts per kind, KIND=N,... (interleaved; instead of --per-kind)")
+    parser.add_argument("--order", help="the rollouts one by one, KIND,KIND,... (instead of --per-kind)")
     args = parser.parse_args()
     kinds = SHORT_KINDS if args.short else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     stop_on_sigterm()
     started = time.monotonic()
-    run(planned(kinds, 1 if args.short else args.per_kind),
-        "python bench/decisions.py " + " ".join(sys.argv[1:]))
+    per_kind = 1 if args.short else args.per_kind
+    order = planned_counts(counts_of(args.counts)) if args.counts else planned(kinds, per_kind)
+    if args.order:
+        order = [kind for kind in (part.strip() for part in args.order.split(",")) if kind]
+        if unknown := sorted(set(order) - set(KINDS)):
+            raise SystemExit(f"--order: unknown kinds {unknown}; kinds are {', '.join(KINDS)}")
+    run(order, "python bench/decisions.py " + " ".join(sys.argv[1:]))
     print(f"({time.monotonic() - started:.0f} s; state and logs in {STATE.relative_to(ROOT)})")
 
 

@@ -42,7 +42,12 @@ def test_a_second_agent_on_a_live_agents_cache_is_refused_and_removes_nothing(tm
         (live / "config.json").write_text("{}")  # stands for a live replica's folder
         second_port = free_port()
         second = agent(cache, token_file, second_port, tmp_path / "second.log")
-        assert second.wait(60) != 0
+        try:
+            assert second.wait(60) != 0
+        finally:
+            if second.poll() is None:  # the defect: it ran on; it must not outlive the test either way
+                second.kill()
+                second.wait(10)
         said = (tmp_path / "second.log").read_text()
         assert f"another worker agent (pid {first.pid}) holds the cache folder {cache}" in said
         assert "--cache" in said  # what to do
