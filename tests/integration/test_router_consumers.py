@@ -31,7 +31,7 @@ BIG_TOKENS = 15_000  # about 100 KiB of answer: well past the transport's 64 KiB
 DEADLINE_MS = b"8000"  # the well-behaved caller's own deadline: the defect made it wait this out
 IDLE_TIMEOUT_S, WRITE_STALL_S = 2.0, 2.0
 HEADER_CAP = 16 * 1024
-SLACK_S = 15.0  # scheduling on two shared, busy cores
+SLACK_S = 30.0  # scheduling on two shared, busy cores (a run beside whole rollouts took past 15 s once)
 
 
 @pytest.fixture(scope="module")
