@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from manifests.route_change import canary, successor
 from registry.route_store import open_route_store
 from serving.worker.engine import free_port
 from tests.integration.commands import revgate
+from tests.integration.s3_proxy import serving
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
@@ -151,14 +151,8 @@ def healthy_endpoint() -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Health) as url:
+        yield url
 
 
 def promoted_history(url: str, old_endpoints: tuple[str, ...]) -> None:
