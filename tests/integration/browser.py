@@ -39,3 +39,51 @@ def screenshot(page: Any, name: str, folder: Path) -> Path:
     path = Path(os.environ.get(DOCS_SCREENSHOTS) or folder) / name
     page.screenshot(path=str(path))
     return path
+
+
+def answer_the_resume_form(page: Any, approver: str, approve: bool, comment: str, before_submit: Any = None) -> None:
+    """On a run page whose Resume form is open: name the approver, set approve, write the comment, submit,
+    and wait until the form closes (the server took the answer). ``before_submit(form)`` runs just before
+    the first Submit (a screenshot, a read of the filled-in digest).
+
+    The form can draw its fields before it has set their initial values, and a value typed in between is
+    lost; the form then stays open with nothing sent, or the server refuses the answer (the form shows no
+    reason). So every typed value is read back before Submit, and a form still open after a while is
+    filled in and submitted again, what the page said printed for the log. A second submit is safe: the
+    server takes one answer per pause, and the flow counts each answer it takes on its own.
+    """
+    from playwright.sync_api import expect
+
+    form = page.locator(".p-modal")
+    for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+        fill_the_resume_form(form, approver, approve, comment)
+        if attempt == 1 and before_submit is not None:
+            before_submit(form)
+        form.get_by_role("button", name="Submit").click()
+        try:  # the form closes once the server took the answer; on two busy cores that took over 30 s once
+            expect(form).to_be_hidden(timeout=60_000)
+            return
+        except AssertionError:
+            if attempt == SUBMIT_ATTEMPTS:
+                raise
+            toasts = page.locator(".p-toast").all_inner_texts()
+            print(f"resume form still open after submit {attempt} (page says {toasts!r}): submitting again")
+
+
+SUBMIT_ATTEMPTS = 3
+
+
+def fill_the_resume_form(form: Any, approver: str, approve: bool, comment: str) -> None:
+    """Type the answer into the open Resume form and read every value back."""
+    from playwright.sync_api import expect
+
+    # The fields in the form's order: approver, approve, evidence digest (filled in), comment.
+    fields = form.locator("textarea")
+    fields.nth(0).fill(approver, timeout=30_000)
+    switch = form.get_by_role("switch")
+    if switch.is_checked() != approve:
+        switch.click()
+    fields.nth(2).fill(comment, timeout=30_000)
+    expect(fields.nth(0)).to_have_value(approver)
+    expect(fields.nth(2)).to_have_value(comment)
+    expect(switch).to_be_checked(checked=approve)

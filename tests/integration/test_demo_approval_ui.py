@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.browser import browser_page, screenshot
+from tests.integration.browser import answer_the_resume_form, browser_page, screenshot
 from tests.integration.test_promotion_demo import demo_command, kill_all
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
@@ -90,22 +90,20 @@ def approve_on_the_resume_form(page: Any, run_page: str, auth: str, approver: st
     form = page.locator(".p-modal")
     form.get_by_text(REPORT).first.wait_for(timeout=60_000)
     shown = form.inner_text()
-    # The fields in the form's order: approver, approve, evidence digest (filled in), comment.
-    fields = form.locator("textarea")
-    digest = fields.nth(1).input_value(timeout=30_000)
-    fields.nth(0).fill(approver)
-    form.get_by_role("switch").click()
-    fields.nth(2).fill("slices look fine in shadow")
-    show_the_whole_form(page)
-    expect(form.get_by_text(REPORT).first).to_be_in_viewport()
-    expect(form.get_by_role("button", name="Submit")).to_be_in_viewport()
-    screenshot(page, "prefect-approval.png", folder)
-    form.get_by_role("button", name="Submit").click()
-    expect(form).to_be_hidden(timeout=30_000)
+    digests: list[str] = []
+
+    def shoot(form: Any) -> None:
+        digests.append(form.locator("textarea").nth(1).input_value())
+        show_the_whole_form(page)
+        expect(form.get_by_text(REPORT).first).to_be_in_viewport()
+        expect(form.get_by_role("button", name="Submit")).to_be_in_viewport()
+        screenshot(page, "prefect-approval.png", folder)
+
+    answer_the_resume_form(page, approver, approve=True, comment="slices look fine in shadow", before_submit=shoot)
     # The canary starts now, with the engines on their own cores of this host: a live UI page, or the
     # browser shutting down, would load one of them and skew the latency comparison. Idle until the end.
     page.goto("about:blank")
-    return shown, digest
+    return shown, digests[0]
 
 
 @pytest.mark.timeout(1800)

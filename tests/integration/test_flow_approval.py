@@ -19,7 +19,7 @@ from manifests.rollout import Approve
 from manifests.route import RevisionTarget, RouteSnapshot
 from registry.ledger import EvidenceLedger, sqlite_uri
 from registry.route_store import open_route_store
-from tests.integration.browser import browser_page
+from tests.integration.browser import answer_the_resume_form, browser_page
 from tests.integration.test_flow_lock import spec
 
 pytestmark = pytest.mark.servers
@@ -69,14 +69,8 @@ def through_the_ui(ui_url: str, approve: bool, comment: str) -> Manager:
             # The gate report is rendered above the form, and the digest it is bound to is filled in.
             expect(form.get_by_role("cell", name="quality-sliced")).to_be_visible(timeout=30_000)
             seen["report_shown"] = form.get_by_role("cell", name="PASS").is_visible()
-            # The fields in the form's order: approver, approve, evidence digest, comment.
-            form.locator("textarea").nth(0).fill("rm@example.com")
-            seen["digest_shown"] = form.locator("textarea").nth(1).input_value()
-            if approve:
-                form.get_by_role("switch").click()
-            form.locator("textarea").nth(2).fill(comment)
-            form.get_by_role("button", name="Submit").click()
-            expect(form).to_be_hidden(timeout=30_000)
+            answer_the_resume_form(page, "rm@example.com", approve, comment, before_submit=lambda form: seen.update(
+                digest_shown=form.locator("textarea").nth(1).input_value()))
             seen["answered"] = True
 
     return manager

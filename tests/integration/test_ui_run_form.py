@@ -24,7 +24,7 @@ import pytest
 
 from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
 from registry.ledger import EvidenceLedger
-from tests.integration.browser import browser_page, screenshot
+from tests.integration.browser import answer_the_resume_form, browser_page, screenshot
 from tests.integration.rollout_estate import Rollout, estate, rollout, wait_until
 from tests.integration.test_deployment_rollout import site_of
 from tests.integration.test_deployments import deployed, revgate_env
@@ -103,21 +103,11 @@ def deployment_run(deployment_id: UUID, since: datetime) -> UUID | None:
 
 def answer_on_the_resume_form(page: Any, ui_url: str, run_id: UUID, approver: str, shot: Path | None = None) -> None:
     """Open the paused run, press Resume, name the approver, switch approve on, submit."""
-    from playwright.sync_api import expect
-
     page.goto(f"{ui_url}/runs/flow-run/{run_id}")
     page.get_by_role("button", name="Resume").first.click(timeout=90_000)
-    form = page.locator(".p-modal")
-    # The fields in the form's order: approver, approve, evidence digest (filled in), comment.
-    form.locator("textarea").nth(0).fill(approver, timeout=30_000)
-    form.get_by_role("switch").click()
-    form.locator("textarea").nth(2).fill(f"{approver}: the canary's gates read well")
-    if shot is not None:
-        form.screenshot(path=str(shot / "prefect-approval.png"))  # the docs' one shows a report: see above
-    form.get_by_role("button", name="Submit").click()
-    # The modal closes once the server took the input; on a busy host (the whole suite running) that
-    # took longer than 30 s once, so it is waited for as long as the other steps of this form.
-    expect(form).to_be_hidden(timeout=90_000)
+    answer_the_resume_form(page, approver, approve=True, comment=f"{approver}: the canary's gates read well",
+                           before_submit=None if shot is None else  # the docs' one shows a report: see above
+                           lambda form: form.screenshot(path=str(shot / "prefect-approval.png")))
 
 
 def weights(handle: Rollout) -> list[int]:
