@@ -11,6 +11,7 @@ from typing import Any
 from manifests.errors import RevgateError
 
 EXIT_ALTERED = 4
+EXIT_REGISTRY_DISAGREES = 5
 
 
 class EvidenceNotFound(RevgateError):
@@ -26,7 +27,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("revision", help="the revision's fingerprint (sha256:...), or its first characters")
     parser.add_argument("--tracking-uri", required=True, help="MLflow tracking URI (sqlite:///FILE or http://HOST)")
-    parser.add_argument("--model", default="revgate-model", help="registered model to read aliases from")
+    parser.add_argument("--model", default="",
+                        help="registered model to read aliases from (default: named after the revision's route)")
+    parser.add_argument("--routes", default="",
+                        help="route store (DIR, file:///DIR or s3://BUCKET/PREFIX): show the route's stable history "
+                             "beside the registry's alias stable, and fail (exit 5) when they disagree")
     parser.add_argument("--json", action="store_true", help="print the audit as JSON")
     parser.set_defaults(func=run_evidence)
 
@@ -49,9 +54,40 @@ def run_evidence(args: argparse.Namespace) -> int:
             where=args.tracking_uri,
             fix="Check the tracking URI (the demo prints its own) and the fingerprint (`revgate route history`).",
         )
-    aliases = ledger.aliases_of(args.model, revision)
+    route = runs[0].route
+    model = args.model or route
+    aliases = ledger.aliases_of(model, revision)
+    followed = route_beside_registry(ledger, model, args.routes, route) if args.routes else None
     if args.json:
-        print(json.dumps(audit_json(runs, aliases), indent=2, default=str))
+        audit = audit_json(runs, aliases)
+        if followed is not None:
+            audit["registry"] = {"model": model, "disagreement": followed[1], "table": followed[0]}
+        print(json.dumps(audit, indent=2, default=str))
     else:
         print(render(runs, aliases))
+        if followed is not None:
+            print(f"\n{followed[0]}")
+    if followed is not None and followed[1] is not None:
+        print(f"error: the registry disagrees with the route: {followed[1]}. Fix: roll back or forward with "
+              f"`revgate rollback --tracking-uri {args.tracking_uri}` or a new rollout, which move the alias; the "
+              "route store is the truth.")
+        return EXIT_REGISTRY_DISAGREES
     return 0 if all(run.intact for run in runs) else EXIT_ALTERED
+
+
+def route_beside_registry(ledger: Any, model: str, routes: str, route: str) -> tuple[str, str | None]:
+    """The route's stable changes beside the alias's moves, and why they disagree now (None when they agree)."""
+    from registry.follow import disagreement, side_by_side, stable_changes
+    from registry.route_store import open_route_store
+
+    store = open_route_store(routes)
+    changes = stable_changes(store.back(route))
+    if not changes:
+        return f"route {route}: no snapshot in {routes}", None
+    moves = ledger.alias_history(model) if ledger.alias_target(model, "stable") is not None else []
+    versions = {str(m.get("version")): ledger.version_fingerprint(model, str(m.get("version")))
+                for m in moves if m.get("version") is not None}
+    current = store.read(route)
+    assert current is not None
+    return side_by_side(model, changes, moves, versions), disagreement(
+        model, ledger.alias_fingerprint(model, "stable"), current)

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "cli.routes",
     "cli.status",
     "cli.rollout",
+    "cli.gc",
     "cli.promote",
     "cli.evidence",
     "cli.approve",

@@ -33,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--notify", action="append", default=[], metavar="ADMIN_URL",
                         help=f"a router's admin URL to tell at once (repeatable; also ${ROUTERS_ENV})")
     parser.add_argument("--admin-token-file", type=Path, help="file holding the routers' admin bearer token")
+    parser.add_argument("--tracking-uri", default="",
+                        help="MLflow tracking URI: after the commit, move the registry's stable alias to the revision "
+                             "rolled back to (a registry that cannot be reached is reported; the rollback stands)")
+    parser.add_argument("--model", default="", help="registered model of the route's revisions (default: the route)")
     parser.add_argument("--force", action="store_true",
                         help="write the rollback even when no endpoint of the revision it returns to answers")
     parser.set_defaults(func=run_rollback)
@@ -56,6 +60,10 @@ def run_rollback(args: argparse.Namespace) -> int:
     token = args.admin_token_file.read_text(encoding="utf-8").strip() if args.admin_token_file else ""
     for url in routers_to_notify(args.notify):
         print(f"  router {url}: {notify_router(url, token)}")
+    if args.tracking_uri:
+        from registry.follow import follow_in_ledger
+
+        print(f"  {follow_in_ledger(args.tracking_uri, args.model or args.route, planned)}")
     return 0
 
 

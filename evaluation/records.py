@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Outcome = Literal["ok", "error", "timeout", "cancelled", "rejected"]
+# A timeout record's error when the deadline was the caller's own shorter one (x-revgate-timeout-ms),
+# not the route's: the caller's choice, never counted against the revision.
+CALLER_DEADLINE = "the caller's deadline passed"
+ROUTE_DEADLINE = "the request's deadline passed"
 Arm = Literal["stable", "candidate", "shadow", "direct"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "timeout", "cancelled", "rejected")
 

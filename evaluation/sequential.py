@@ -7,7 +7,8 @@ Two tools, both valid when the controller looks after every batch:
   Knowing the horizon lets the test spend almost all of its alpha near the end, so it keeps close
   to the power of a single fixed-horizon test while allowing a look after every batch.
 - :func:`bernoulli_confidence_sequence` is a beta-binomial mixture confidence sequence: valid at
-  every sample size with no horizon at all, used for SLO attainment and the traffic split.
+  every sample size with no horizon at all, used for SLO attainment, the traffic split and the
+  rollback window (it lives in :mod:`evaluation.confidence`, free of scipy, and is re-exported here).
 
 Pure functions over numbers; numpy and scipy only. The router must never import this module.
 """
@@ -20,7 +21,11 @@ from functools import lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import optimize, special, stats
+from scipy import optimize, stats
+
+from evaluation.confidence import bernoulli_confidence_sequence, mixture_rejects
+
+__all__ = ["bernoulli_confidence_sequence", "mixture_rejects"]  # re-exported: the gates read them from here
 
 # A boundary this high is never crossed: the spending function gave this look (almost) no alpha.
 NEVER = math.inf
@@ -265,36 +270,6 @@ def decide_between(
     shifted = tuple(SequentialLook(lk.samples, lk.estimate - harm, lk.standard_error, lk.boundary) for lk in looks)
     decision = decide_shift(shifted, margin - harm, futility=futility)
     return SequentialDecision(decision.verdict, decision.decided_at, looks)
-
-
-def _log_mixture_ratio(successes: int, trials: int, p0: float, prior_a: float, prior_b: float) -> float:
-    """log of the beta-binomial mixture likelihood ratio against the point null ``p0``."""
-    failures = trials - successes
-    mixture = special.betaln(prior_a + successes, prior_b + failures) - special.betaln(prior_a, prior_b)
-    null = special.xlogy(successes, p0) + special.xlog1py(failures, -p0)
-    return float(mixture - null)
-
-
-def mixture_rejects(
-    successes: int, trials: int, p0: float, alpha: float, *, prior_a: float = 0.5, prior_b: float = 0.5
-) -> bool:
-    """True once the beta-binomial mixture martingale exceeds 1/alpha (Ville: valid at every n)."""
-    return _log_mixture_ratio(successes, trials, p0, prior_a, prior_b) >= math.log(1.0 / alpha)
-
-
-def bernoulli_confidence_sequence(successes: int, trials: int, alpha: float) -> tuple[float, float]:
-    """(lower, upper) of the beta-binomial mixture confidence sequence for a Bernoulli mean."""
-    if trials == 0:
-        return 0.0, 1.0
-    centre = min(max(successes / trials, 1e-12), 1.0 - 1e-12)
-    threshold = math.log(1.0 / alpha)
-
-    def excess(p0: float) -> float:
-        return _log_mixture_ratio(successes, trials, p0, 0.5, 0.5) - threshold
-
-    lower = 0.0 if excess(1e-12) < 0 else float(optimize.brentq(excess, 1e-12, centre, xtol=1e-10))
-    upper = 1.0 if excess(1.0 - 1e-12) < 0 else float(optimize.brentq(excess, centre, 1.0 - 1e-12, xtol=1e-10))
-    return lower, upper
 
 
 def quantile(samples: NDArray[np.float64] | list[float], q: float) -> float | None:

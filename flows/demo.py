@@ -409,7 +409,7 @@ def show_until_interrupted(session: DemoSession, done: DemoRollout) -> None:
     with processes.mlflow_ui(done.spec.tracking_uri, session.root / "mlflow-ui.log") as mlflow_ui:
         prefect_ui = session.env["PREFECT_API_URL"].removesuffix("/api")
         print_tour(Tour(prefect_ui, session.root / "prefect-auth", done.run_page, mlflow_ui,
-                        done.spec.registered_model, session.public_url, session.admin_url, session.routes,
+                        done.spec.model_name, session.public_url, session.admin_url, session.routes,
                         session.token, session.worker_url, done.spec.tracking_uri, session.env["PREFECT_API_URL"]))
         processes.wait_for_interrupt()
         print("stopping the demo's services")

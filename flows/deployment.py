@@ -23,6 +23,7 @@ from flows.spec import PromotionSpec
 from flows.steps import router_admin
 from manifests.errors import RevgateError
 from registry.errors import ObjectMissing
+from registry.follow import follow_in_ledger
 from registry.route_store import open_route_store
 from registry.store import open_store
 from rollback.land import land
@@ -109,6 +110,7 @@ def rollback(route: str, requested_by: str = "") -> str:
                      for url in dict.fromkeys((settings.router_admin_url, *settings.more_routers)))
     summary = f"route {route}: generation {planned.generation}, stable {planned.stable.short}; {told}"
     logger.info("%s", summary)
+    logger.info("%s", follow_in_ledger(settings.tracking_uri, settings.registered_model or route, planned))
     return summary
 
 

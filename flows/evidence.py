@@ -149,23 +149,37 @@ def shadow_arms(
 
 
 class RecordsTail:
-    """The router's request-records file, read incrementally (the rollback window looks at it often)."""
+    """The router's request-records file, read incrementally from a byte offset (the rollback window looks
+    at it often); it keeps nothing: each poll gives the records appended since the last."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, offset: int = 0) -> None:
         self.path = path
-        self.offset = 0
-        self.records: list[RequestRecord] = []
+        self.offset = offset
+        self.aligned = offset == 0  # an offset taken from the file's size may fall inside a line being written
+
+    @staticmethod
+    def end_of(path: Path) -> int:
+        """Where a tail started now begins: the file's current size (0 while it does not exist)."""
+        return path.stat().st_size if path.exists() else 0
 
     def poll(self) -> list[RequestRecord]:
-        """Every complete record appended so far."""
-        if self.path.exists():
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            self.offset += len(complete)
-            self.records += [RequestRecord.from_json(line) for line in complete.decode().splitlines() if line.strip()]
-        return self.records
+        """The complete records appended since the last poll."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            if not self.aligned:
+                handle.seek(max(0, self.offset - 1))
+                if handle.read(1) != b"\n":  # mid-line: start at the next whole record
+                    rest = handle.readline()
+                    if not rest.endswith(b"\n"):
+                        return []
+                    self.offset += len(rest)
+                self.aligned = True
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return [RequestRecord.from_json(line) for line in complete.decode().splitlines() if line.strip()]
 
 
 def own_traffic(record: dict[str, object]) -> bool:

@@ -60,7 +60,9 @@ from promotion.machine import (
 )
 from promotion.ownership import Takeover, decision_of, drainable, lease_end
 from promotion.routes import desired_route
-from promotion.window import WindowVerdict, window_verdict
+from promotion.window import WindowTally, WindowVerdict, tally, window_verdict
+from registry.auditor_view import IN_ROLLOUT
+from registry.follow import follow_route
 from registry.ledger import EvidenceLedger, EvidenceRun
 from registry.record_store import StageWindow
 from rollback.plan import revert_to
@@ -270,6 +272,8 @@ class Promotion:
         self.target = target
         self.state = start(spec.plan)
         self.before = steps.current_route(spec)  # its stable is what the rollback window returns to
+        # The window compares with the old stable's traffic while both served: read from here on, not from 0.
+        self.records_from = evidence.RecordsTail.end_of(Path(spec.router_records)) if spec.router_records else 0
         self.owner = owner or RouteOwner(spec, self.before.generation)
         self.stable = self.before.stable.fingerprint
         self.reports = 0
@@ -462,16 +466,20 @@ class Promotion:
 
         Runs without the route lock, so an operator's rollback is never blocked; it ends the watch.
         """
-        plan = self.spec.plan
-        records = evidence.RecordsTail(Path(self.spec.router_records)) if self.spec.router_records else None
+        plan, check = self.spec.plan, self.spec.plan.post_promotion
+        records = (evidence.RecordsTail(Path(self.spec.router_records), self.records_from)
+                   if self.spec.router_records else None)
         deadline = time.monotonic() + plan.rollback_window_seconds
         verdict: WindowVerdict | None = None
+        seen = WindowTally()
         while (left := deadline - time.monotonic()) > 0:
             self.wait(min(1.0, left))
             self.owner.check()
             if records is None:
                 continue
-            verdict = window_verdict(plan.post_promotion, records.poll(), self.target.fingerprint, promoted_at_s)
+            seen = tally(seen, records.poll(), check, promoted=self.target.fingerprint,
+                         old_stable=self.before.stable.fingerprint, promoted_at_s=promoted_at_s)
+            verdict = window_verdict(check, seen)
             if verdict.outcome == "fail":
                 get_run_logger().warning("rollback window: %s; reverting to the old stable", verdict.reason)
                 self.revert(f"rollback window: {verdict.reason}")
@@ -547,6 +555,8 @@ class Rollout:
         self.retired: dict[steps.ReplicaKey, str] = {}  # the old stable's replicas, once the promotion retired them
         self.candidate = ""
         self.windowing = False
+        self.version = ""  # the candidate's model version, once registered
+        self.recorded = ""  # the decision its version page states
 
     def run(self) -> str:
         """Pin and open the evidence run, then everything else; the decision the route shows at the end."""
@@ -573,6 +583,7 @@ class Rollout:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             decision = self._decision()
+            self._settle_registry(run, decision)
             self._cleanup()
             reason = self.driver.state.reason if self.driver is not None else ""
             self.ledger.log_json(run, "decision", {"decision": decision, "reason": reason})
@@ -597,20 +608,40 @@ class Rollout:
                                    period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
                                    watches=[partial(steps.replica_fault, spec, replica_key(v)) for v in views])
         self.heartbeat.__enter__()
+        self._register_candidate(run, driver)
         if driver.run_plan().status != "promoted":
             return
         promoted_at = time.time()
         self.retired = steps.replicas_serving(spec, driver.before.stable.endpoints)
-        version = ledger.register_version(run, spec.registered_model, driver.target.fingerprint)
-        ledger.describe_version(spec.registered_model, version, version_facts(ledger, run, spec, "promoted"))
-        ledger.move_alias(spec.registered_model, "stable", version, by=spec.created_by,
-                          generation=driver.owner.generation)
+        self._record_decision(run, "promoted")
         self.lock.close()  # the window never holds the route against an operator's rollback
         self.windowing = True
         verdict = driver.watch_window(promoted_at)
         self.windowing = False
         if verdict is not None:
             ledger.log_json(run, "rollback-window", verdict.evidence())
+
+    def _register_candidate(self, run: EvidenceRun, driver: Promotion) -> None:
+        """A model version for the candidate before it reaches traffic, named by the ``candidate`` alias: every
+        revision that served users has a version, whatever its rollout decided."""
+        model = self.spec.model_name
+        self.version = self.ledger.register_version(run, model, driver.target.fingerprint)
+        self.ledger.describe_version(model, self.version, version_facts(self.ledger, run, self.spec, IN_ROLLOUT))
+        self.ledger.move_alias(model, "candidate", self.version, by=self.spec.created_by,
+                               generation=driver.owner.generation)
+
+    def _record_decision(self, run: EvidenceRun, decision: str) -> None:
+        """The candidate's version page says the decision, the ``candidate`` alias goes, and the ``stable``
+        alias follows the route (onto the candidate when promoted; back where a revert or rollback put it)."""
+        if not self.version:
+            return
+        model, ledger = self.spec.model_name, self.ledger
+        ledger.describe_version(model, self.version, version_facts(ledger, run, self.spec, decision))
+        generation = self.driver.owner.generation if self.driver is not None else 0
+        ledger.drop_alias(model, "candidate", by=self.spec.created_by, generation=generation)
+        self.recorded = decision
+        route = steps.current_route(self.spec)
+        get_run_logger().info("%s", follow_route(ledger, model, route).line())
 
     def _record_takeover(self, run: EvidenceRun, taken: Takeover) -> None:
         """Another writer ended the rollout: say who and where, in the rollout's own evidence run."""
@@ -638,6 +669,21 @@ class Rollout:
             self._record_takeover(run, taken.taken)
         except Exception:  # the original error is the one to report; the leases still run out
             log.exception("could not route back to stable after the failure")
+
+    def _settle_registry(self, run: EvidenceRun, decision: str) -> None:
+        """After the window (or a rollout that ended short of promotion): the registry says what the route
+        serves. A registry that cannot be written is logged, never a change of the decision."""
+        if not self.version:
+            return
+        try:
+            if decision != self.recorded:
+                self._record_decision(run, decision)
+            else:
+                route = steps.current_route(self.spec)
+                get_run_logger().info("%s", follow_route(self.ledger, self.spec.model_name, route).line())
+        except Exception:
+            log.exception("the model registry could not follow route %s; `revgate evidence` names the gap",
+                          self.spec.route)
 
     def _decision(self) -> str:
         """What the route says: promoted only while the candidate is its stable revision."""

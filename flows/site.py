@@ -70,7 +70,8 @@ class RouteSite(BaseModel):
     warm: WarmProfile = WarmProfile()
     tracking_uri: str
     evidence_root: str
-    registered_model: str = "revgate-model"
+    registered_model: str = Field(default="", description="the MLflow registered model of the route's "
+                                  "revisions; empty: named after the route")
     approval_timeout_s: int = Field(default=3600, ge=10)
     policy: str = Field(description="the gate policy a rollout of this route uses when none is named")
     plan: str = Field(description="the rollout plan a rollout of this route uses when none is named")

@@ -65,12 +65,18 @@ class PromotionSpec(BaseModel):
     engine_venv: str = ".venv-engine"
     tracking_uri: str
     evidence_root: str
-    registered_model: str = "revgate-model"
+    registered_model: str = Field(default="", description="the MLflow registered model of the route's "
+                                  "revisions; empty: named after the route")
     approval: Literal["ui", "auto"] = Field(
         default="ui", description="'ui': pause for a release manager; 'auto': approve (demo and tests only)"
     )
     approval_timeout_s: int = Field(default=3600, ge=10)
     created_by: str = "revgate promote_revision"
+
+    @property
+    def model_name(self) -> str:
+        """The registered model the route's revisions are versions of: ``registered_model``, or the route's name."""
+        return self.registered_model or self.route
 
     def workers(self) -> tuple[str, ...]:
         """Every worker agent of the fleet, worker_url first, each once."""

@@ -66,16 +66,21 @@ RolloutStep = Annotated[Shadow | SetWeight | Bake | Analyze | Approve, Field(dis
 class PostPromotionCheck(Document):
     """What the rollback window watches on the promoted revision's live traffic (router records).
 
-    The window rolls back once at least ``min_requests`` were served and either the error rate is
-    above ``max_error_rate`` or fewer than ``attainment`` of the answered requests met the latency
-    targets given (none given: errors only).
+    Only the revision's own failures count: 5xx answers, upstream errors and the route's deadline;
+    callers' 4xx, their own shorter deadlines, departures and the router's refusals do not. The
+    window reverts once, with at least ``min_requests`` counted, a confidence sequence at ``alpha``
+    (valid at every look) shows the promoted revision's failure rate above the old stable's (its
+    traffic while both served, at most its own upper bound) by more than ``max_error_rate``, or its
+    share of requests within the latency targets given below ``attainment`` (or below the old
+    stable's, where stable itself fell short of it).
     """
 
     min_requests: Annotated[int, Field(ge=1)] = 20
-    max_error_rate: Fraction = Decimal("0.05")
+    max_error_rate: Fraction = Decimal("0.05")  # the failure rate tolerated above the old stable's
     ttft_ms: Annotated[int, Field(gt=0)] | None = None
     e2e_ms: Annotated[int, Field(gt=0)] | None = None
     attainment: OpenFraction = Decimal("0.9")
+    alpha: OpenFraction = Decimal("0.05")
 
 
 class RolloutPlan(Document):

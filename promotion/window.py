@@ -1,20 +1,45 @@
-"""The rollback window's verdict: the promoted revision's live traffic against the plan's checks.
+"""The rollback window's verdict: the promoted revision's live traffic against the old stable's.
 
 After promotion the old stable stays ready and routable; the promoted revision is watched through
-the router's request records. Enough traffic with too many errors, or too few requests inside the
-latency targets, rolls the route back. Pure: the flow reads the records and acts on the verdict.
+the router's request records. Only the revision's own failures count (``own_failure``). Its rates
+are compared with the old stable's while both served (the last canary) by confidence sequences,
+valid at every look however often the window looks, so a handful of unlucky requests never
+reverts a good revision. Pure: the flow reads the records, folds them into a tally and acts on
+the verdict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from evaluation.records import RequestRecord
+from evaluation.confidence import bernoulli_confidence_sequence
+from evaluation.records import CALLER_DEADLINE, RequestRecord
 from manifests.rollout import PostPromotionCheck
 
 WindowOutcome = Literal["watching", "healthy", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTally:
+    """One revision's counted requests: answered, or failed by its own doing."""
+
+    requests: int = 0
+    failures: int = 0
+    within_slo: int = 0
+
+    def add(self, failed: bool, within: bool) -> ArmTally:
+        """The tally with one more counted request."""
+        return ArmTally(self.requests + 1, self.failures + failed, self.within_slo + within)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTally:
+    """The promoted revision since promotion, and the old stable while both served before it."""
+
+    promoted: ArmTally = ArmTally()
+    baseline: ArmTally = ArmTally()
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +51,32 @@ class WindowVerdict:
     errors: int
     within_slo: int
     reason: str
+    baseline_requests: int = 0
+    baseline_errors: int = 0
 
     def evidence(self) -> dict[str, object]:
         """Plain JSON for the evidence run."""
         return {"outcome": self.outcome, "requests": self.requests, "errors": self.errors,
-                "within_slo": self.within_slo, "reason": self.reason}
+                "within_slo": self.within_slo, "baseline_requests": self.baseline_requests,
+                "baseline_errors": self.baseline_errors, "reason": self.reason}
+
+
+def own_failure(record: RequestRecord) -> bool:
+    """A failure of the revision itself: an upstream error or 5xx, or the route's deadline passing."""
+    if record.outcome == "error":
+        return not (record.status_code is not None and 400 <= record.status_code < 500)
+    return record.outcome == "timeout" and record.error != CALLER_DEADLINE
+
+
+def counted(record: RequestRecord) -> bool:
+    """Whether a record says anything about the revision: answered, or failed by its own doing.
+
+    A caller's 4xx, its own shorter deadline, a caller who left and a request the router refused
+    (budgets) are the caller's or the router's: not counted either way.
+    """
+    if record.outcome == "ok":
+        return not (record.status_code is not None and 400 <= record.status_code < 500)
+    return own_failure(record)
 
 
 def _within(record: RequestRecord, check: PostPromotionCheck) -> bool:
@@ -42,19 +88,48 @@ def _within(record: RequestRecord, check: PostPromotionCheck) -> bool:
     return not (check.e2e_ms is not None and (e2e is None or e2e * 1000 > check.e2e_ms))
 
 
-def window_verdict(check: PostPromotionCheck, records: Iterable[RequestRecord], revision: str,
-                   since_s: float) -> WindowVerdict:
-    """The verdict over ``revision``'s records that arrived at or after ``since_s`` (the promotion)."""
-    mine = [r for r in records if r.revision == revision and r.arrival_s >= since_s]
-    errors = sum(1 for r in mine if r.outcome in ("error", "timeout"))
-    within = sum(1 for r in mine if _within(r, check))
-    n = len(mine)
-    if n < check.min_requests:
-        return WindowVerdict("watching", n, errors, within, f"{n} of {check.min_requests} requests seen")
-    if errors > n * float(check.max_error_rate):
-        return WindowVerdict("fail", n, errors, within,
-                             f"error rate {errors}/{n} above {check.max_error_rate} after promotion")
-    if within < n * float(check.attainment):
-        return WindowVerdict("fail", n, errors, within,
-                             f"only {within}/{n} requests within the latency targets (needs {check.attainment})")
-    return WindowVerdict("healthy", n, errors, within, f"{n} requests, {errors} errors, {within} within targets")
+def tally(
+    before: WindowTally, records: Iterable[RequestRecord], check: PostPromotionCheck, *,
+    promoted: str, old_stable: str, promoted_at_s: float,
+) -> WindowTally:
+    """``before`` with ``records`` folded in: the promoted revision's since ``promoted_at_s``, the old stable's
+    before it (the reader starts where the rollout began)."""
+    now, base = before.promoted, before.baseline
+    for record in records:
+        if not counted(record):
+            continue
+        if record.revision == promoted and record.arrival_s >= promoted_at_s:
+            now = now.add(own_failure(record), _within(record, check))
+        elif record.revision == old_stable and record.arrival_s < promoted_at_s:
+            base = base.add(own_failure(record), _within(record, check))
+    return replace(before, promoted=now, baseline=base)
+
+
+def window_verdict(check: PostPromotionCheck, seen: WindowTally) -> WindowVerdict:
+    """Whether the promoted revision's own failures, or its misses of the latency targets, are shown worse
+    than the old stable's by more than the plan tolerates."""
+    mine, base, alpha = seen.promoted, seen.baseline, float(check.alpha)
+    facts = (mine.requests, mine.failures, mine.within_slo)
+    extra = {"baseline_requests": base.requests, "baseline_errors": base.failures}
+    if mine.requests < check.min_requests:
+        return WindowVerdict("watching", *facts, f"{mine.requests} of {check.min_requests} requests counted", **extra)
+    failed_low, _ = bernoulli_confidence_sequence(mine.failures, mine.requests, alpha)
+    stable_high = bernoulli_confidence_sequence(base.failures, base.requests, alpha)[1] if base.requests else 0.0
+    limit = stable_high + float(check.max_error_rate)
+    if failed_low > limit:
+        return WindowVerdict("fail", *facts, (
+            f"own failures {mine.failures}/{mine.requests} (at least {failed_low:.1%}) above the old stable's "
+            f"{base.failures}/{base.requests} while both served (at most {stable_high:.1%}) plus the tolerated "
+            f"{float(check.max_error_rate):.1%}"), **extra)
+    if check.ttft_ms is not None or check.e2e_ms is not None:
+        missed_low, _ = bernoulli_confidence_sequence(mine.requests - mine.within_slo, mine.requests, alpha)
+        stable_missed = (bernoulli_confidence_sequence(base.requests - base.within_slo, base.requests, alpha)[1]
+                         if base.requests else 0.0)
+        allowed = max(1.0 - float(check.attainment), stable_missed)
+        if missed_low > allowed:
+            return WindowVerdict("fail", *facts, (
+                f"only {mine.within_slo}/{mine.requests} requests within the latency targets (misses at least "
+                f"{missed_low:.1%}; allowed {allowed:.1%}, the old stable's at most {stable_missed:.1%})"), **extra)
+    return WindowVerdict("healthy", *facts, (
+        f"{mine.requests} requests, {mine.failures} own failures, {mine.within_slo} within targets; "
+        f"the old stable {base.failures}/{base.requests} while both served"), **extra)

@@ -85,6 +85,9 @@ def summarize(report: GateReport, stage: str) -> StageSummary:
                         tuple(gate.gate for gate in report.failed()))
 
 
+IN_ROLLOUT = "in rollout"  # the decision a candidate's version states while its rollout runs
+
+
 @dataclass(frozen=True, slots=True)
 class VersionFacts:
     """What the model version page states about the promotion that registered it."""
@@ -109,8 +112,10 @@ def version_tags(facts: VersionFacts) -> dict[str, str]:
 def version_description(facts: VersionFacts) -> str:
     """Markdown for the version page: decision, when, who approved, the gates per stage, the run's link."""
     link = f"#/experiments/{facts.experiment_id}/runs/{facts.run_id}"
+    head = (f"**In rollout** since {facts.decided_at}: no decision yet." if facts.decision == IN_ROLLOUT else
+            f"**Decision: {facts.decision}** at {facts.decided_at}, approved by **{facts.approver}**.")
     lines = [
-        f"**Decision: {facts.decision}** at {facts.decided_at}, approved by **{facts.approver}**.",
+        head,
         "",
         f"- manifest digest `{facts.manifest_digest}`, signed by `{facts.signer}`",
         f"- evidence: [run {facts.run_id}]({link}) (gate reports under `evidence/`, digests in its tags;"

@@ -194,7 +194,13 @@ class EvidenceLedger:
 
     def describe_version(self, model: str, version: str, facts: VersionFacts) -> None:
         """The version page's description and tags: decision, when, approver, signer, gates, the run's link."""
-        self.client.update_model_version(model, version, description=version_description(facts))
+        from registry.follow import ROUTE_STATUS, with_route_status
+
+        description = version_description(facts)
+        before = (self.client.get_model_version(model, version).description or "").splitlines()
+        if before and before[0].startswith(ROUTE_STATUS):  # where the route stands is kept as it was
+            description = with_route_status(description, before[0])
+        self.client.update_model_version(model, version, description=description)
         for key, value in version_tags(facts).items():
             self.client.set_model_version_tag(model, version, key, value)
 
@@ -230,6 +236,14 @@ class EvidenceLedger:
 
     def register_version(self, run: EvidenceRun, model: str, fingerprint: str) -> str:
         """Register the candidate as a version of ``model`` whose source is this run's evidence."""
+        self._ensure_model(model)
+        source = f"{self.client.get_run(run.run_id).info.artifact_uri}/evidence"
+        version = self.client.create_model_version(
+            model, source=source, run_id=run.run_id, tags={"revgate.fingerprint": fingerprint}
+        )
+        return str(version.version)
+
+    def _ensure_model(self, model: str) -> None:
         from mlflow.exceptions import MlflowException
 
         try:
@@ -237,15 +251,77 @@ class EvidenceLedger:
         except MlflowException as error:
             if "already exists" not in str(error).lower():
                 raise LedgerUnavailable(f"cannot create registered model: {error}", where=model) from None
-        source = f"{self.client.get_run(run.run_id).info.artifact_uri}/evidence"
+
+    def version_of(self, model: str, fingerprint: str) -> str | None:
+        """The newest version of ``model`` registered for the revision ``fingerprint``; None if there is none."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            versions = self.client.search_model_versions(f"name = '{model.replace(chr(39), '')}'")
+        except MlflowException:
+            return None
+        ours = [int(v.version) for v in versions if v.tags.get("revgate.fingerprint") == fingerprint]
+        return str(max(ours)) if ours else None
+
+    def register_route_version(self, model: str, fingerprint: str, route: str, generation: int) -> str:
+        """Register a revision the route serves that no promotion run registered (a route's first stable)."""
+        self._ensure_model(model)
         version = self.client.create_model_version(
-            model, source=source, run_id=run.run_id, tags={"revgate.fingerprint": fingerprint}
+            model, source=f"revgate-route://{route}/{generation}",
+            tags={"revgate.fingerprint": fingerprint, "revgate.decision": "served",
+                  "revgate.run_id": ""},
+            description=(f"Revision `{fingerprint}`, served by route {route} at generation {generation}; "
+                         "no promotion run of it is in this ledger.\n"),
         )
         return str(version.version)
+
+    def alias_target(self, model: str, alias: str) -> str | None:
+        """The version ``alias`` names; None when the model or the alias does not exist."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.get_model_version_by_alias(model, alias).version)
+        except MlflowException:
+            return None
+
+    def alias_fingerprint(self, model: str, alias: str) -> str | None:
+        """The revision the version ``alias`` names was registered for; None without one."""
+        version = self.alias_target(model, alias)
+        return None if version is None else self.version_fingerprint(model, version) or None
+
+    def version_fingerprint(self, model: str, version: str) -> str:
+        """The revision a version was registered for ("" when it names none)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.get_model_version(model, version).tags.get("revgate.fingerprint", ""))
+        except MlflowException:
+            return ""
+
+    def set_route_status(self, model: str, version: str, status: str, decision: str | None = None) -> None:
+        """Rewrite the version page's route-status line (and its decision tag, when given)."""
+        from registry.follow import ROUTE_STATUS, with_route_status
+
+        current = self.client.get_model_version(model, version)
+        self.client.update_model_version(model, version, description=with_route_status(current.description, status))
+        plain = status.removeprefix(ROUTE_STATUS).strip()
+        self.client.set_model_version_tag(model, version, "revgate.route_status", plain)
+        if decision is not None:
+            self.client.set_model_version_tag(model, version, "revgate.decision", decision)
+
+    def drop_alias(self, model: str, alias: str, *, by: str, generation: int) -> None:
+        """Remove ``alias`` (a candidate whose rollout ended), recorded in the alias history like a move."""
+        if self.alias_target(model, alias) is None:
+            return
+        self.client.delete_registered_model_alias(model, alias)
+        self._record_alias_move(model, alias, None, by=by, generation=generation)
 
     def move_alias(self, model: str, alias: str, version: str, *, by: str, generation: int) -> None:
         """Point ``alias`` at ``version`` and append the move to the model's own alias history."""
         self.client.set_registered_model_alias(model, alias, version)
+        self._record_alias_move(model, alias, version, by=by, generation=generation)
+
+    def _record_alias_move(self, model: str, alias: str, version: str | None, *, by: str, generation: int) -> None:
         sequence = len(self.alias_history(model))  # tag keys allow no ':' or '+', so no timestamps
         entry = {"alias": alias, "version": version, "by": by, "route_generation": generation,
                  "at": datetime.now(UTC).isoformat(), "sequence": sequence}

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import Outcome, RequestRecord
+from evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
 from manifests.errors import ManifestInvalid, RevgateError
 from manifests.route import RouteSnapshot, RouteStore
 from registry.record_store import check_router_id, open_record_store
@@ -103,6 +103,7 @@ class Call:
     connection: UpstreamConnection | None = None
     first: int = 0  # the first endpoint tried
     document: Any = None  # the request body's JSON, parsed once at entry (UNREADABLE if it is not JSON)
+    callers_deadline: bool = False  # the deadline is the caller's own shorter one, not the route's
 
 
 def _error_body(message: str, kind: str) -> bytes:
@@ -413,7 +414,7 @@ class Router:
     def _pooled_expired(self, call: Call) -> None:
         call.expired = True
         self._pooled_end(call)
-        self._fail(call, "timeout", 504, "the request's deadline passed")
+        self._fail(call, "timeout", 504, CALLER_DEADLINE if call.callers_deadline else ROUTE_DEADLINE)
         call.caller.request_done()
 
     def _pooled_lost(self, call: Call) -> None:
@@ -442,7 +443,7 @@ class Router:
         except asyncio.CancelledError:
             if call.expired:
                 task.uncancel()
-                self._fail(call, "timeout", 504, "the request's deadline passed")
+                self._fail(call, "timeout", 504, CALLER_DEADLINE if call.callers_deadline else ROUTE_DEADLINE)
                 return
             self._abandoned(call)
             raise
@@ -455,8 +456,8 @@ class Router:
         """The route's deadline, or the caller's shorter one (``x-revgate-timeout-ms``, checked at entry)."""
         limit = call.route.timeout_s
         header = call.request.headers.get(b"x-revgate-timeout-ms")
-        if header:
-            limit = min(limit, int(header) / 1000)
+        if header and int(header) / 1000 < limit:
+            limit, call.callers_deadline = int(header) / 1000, True
         return limit
 
     async def _attempts(self, call: Call, first: int, settled: Relay | None) -> None:

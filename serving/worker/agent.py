@@ -214,7 +214,7 @@ class WorkerAgent:
         self._check_policy(request)
         replica_id = f"{request.revision.short}-{next(self._ids)}"
         replica = Replica(replica_id=replica_id, revision=request.revision.fingerprint,
-                          served_model=served_model_name(request))
+                          served_model=served_model_name(request), created_at=time.time())
         self._replicas[replica_id] = replica
         running = _Running(request, Admission(replica_id), self.cache / "logs" / f"{replica_id}.log",
                            self.cache / "replicas" / replica_id)

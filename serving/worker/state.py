@@ -101,6 +101,7 @@ class Replica:
     served_model: str
     state: ReplicaState = ReplicaState.CREATED
     endpoint: str = ""  # the worker's local proxy for this replica: where traffic goes
+    created_at: float = 0.0  # wall-clock seconds at its start request (a reaper's grace counts from here)
     engine_port: int | None = None
     pid: int | None = None
     cpu_cores: tuple[int, ...] = ()  # on the CPU: the cores its engine computes on

@@ -131,6 +131,6 @@ def test_the_demo_asks_on_the_resume_form_with_the_gate_report_above(zoo_dir: Pa
     reported = EVIDENCE.search(" ".join(shown.split()))
     assert reported is not None and digest == reported.group(1), (digest, shown[:2000])  # the answer binds to it
     client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
-    run = client.get_run(client.get_model_version_by_alias("revgate-model", "stable").run_id)
+    run = client.get_run(client.get_model_version_by_alias("demo", "stable").run_id)
     assert run.data.tags["revgate.decision"] == "promoted"
     assert run.data.tags["revgate.step.approval"] == f"approved by {APPROVER}"

@@ -211,3 +211,33 @@ def test_a_prefect_api_outage_never_stops_lease_renewal(tmp_path: Path, outage: 
     renewed = store.read("outage")
     assert renewed is not None and renewed.candidate is not None
     assert renewed.candidate.lease_expires_at > now + timedelta(seconds=10)
+
+
+def test_a_rollback_wins_over_a_rollout_renewing_every_quarter_second_in_10_of_10_tries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The defect: `revgate rollback` read the whole history and never retried a conflict while the
+    # heartbeat added a generation per renewal: with short leases it could lose to a live rollout.
+    # Here the real heartbeat renews four times a second (a 1 s lease's renewals, and faster).
+    from cli.main import main
+
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=100_000)], lease_seconds=10, lease_renew_seconds=1)
+    took = []
+    for attempt in range(10):
+        route = f"race-{attempt}"
+        spec = fenced_spec(tmp_path, route, plan)
+        owner = RouteOwner(spec, seeded(tmp_path, route).generation)
+        now = datetime.now(UTC)
+        owner.commit(lambda current, now=now: successor(current, by="flow", now=now,
+                                                        candidate=canary(CANDIDATE, 100_000, now, 10)))
+        with Heartbeat(owner, lease_seconds=10, period_s=0.25, by="flow") as heartbeat:
+            wait_for(lambda heartbeat=heartbeat: heartbeat.renewals >= 3)
+            started = time.monotonic()
+            assert main(["rollback", "--routes", spec.route_store, "--route", route, "--created-by", "oncall"]) == 0
+            took.append(time.monotonic() - started)
+            wait_for(owner.lost_event.is_set, timeout_s=10)
+        current = open_route_store(spec.route_store).read(route)
+        assert current is not None and current.created_by == "oncall" and current.candidate is None, attempt
+    capsys.readouterr()
+    print(f"rollback against a live heartbeat: 10 of 10 landed, slowest {max(took):.3f} s, "
+          f"median {sorted(took)[5]:.3f} s")

@@ -69,7 +69,7 @@ def stays_up(zoo_dir: Path, state: Path) -> tuple[str, dict[str, str]]:
         auth = (state / "prefect-auth").read_text().strip().split(":", 1)
         assert httpx.get(f"{urls['prefect']}/api/health", auth=(auth[0], auth[1]), timeout=30).status_code == 200
         assert "/runs/flow-run/" in urls["run"]
-        model = httpx.get(f"{urls['mlflow']}/api/2.0/mlflow/registered-models/get", params={"name": "revgate-model"},
+        model = httpx.get(f"{urls['mlflow']}/api/2.0/mlflow/registered-models/get", params={"name": "demo"},
                           timeout=30)
         assert model.status_code == 200 and model.json()["registered_model"]["aliases"], model.text
         answer = httpx.post(f"{urls['router']}/v1/completions", json={"model": "demo", "prompt": "add 1+2=",
@@ -104,7 +104,7 @@ def test_an_improved_revision_is_promoted_through_every_stage_and_the_demo_stays
     first, last = history[0], history[-1]
     assert any(s.shadow is not None for s in history) and any(s.candidate is not None for s in history)
     assert last.stable.fingerprint != first.stable.fingerprint and last.candidate is None
-    alias = client.get_model_version_by_alias("revgate-model", "stable")
+    alias = client.get_model_version_by_alias("demo", "stable")
     assert alias.tags["revgate.fingerprint"] == last.stable.fingerprint
     run = client.get_run(alias.run_id)  # the version's source run holds the promotion's evidence
     assert run.data.tags["revgate.decision"] == "promoted"

@@ -8,10 +8,14 @@ served; stable stays ready throughout.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
+from registry.follow import ROUTE_STATUS
+from registry.ledger import EvidenceLedger
+from tests.integration.commands import revgate
 from tests.integration.rollout_estate import Estate, Rollout, estate, rollout, wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
@@ -42,6 +49,13 @@ def evidence_run(handle: Rollout) -> Any:
     experiment = client.get_experiment_by_name(f"revgate/{handle.route}")
     assert experiment is not None
     return client.search_runs([experiment.experiment_id])[0]
+
+
+def evidence_file(handle: Rollout, name: str) -> str:
+    """One evidence document of the route's newest run, as stored."""
+    stored = EvidenceLedger(handle.spec.tracking_uri, handle.folder / "artifacts").evidence_files(
+        evidence_run(handle).info.run_id)
+    return stored[name].decode()
 
 
 def check_traffic(handle: Rollout, stable: str) -> None:
@@ -148,6 +162,21 @@ def test_an_approval_longer_than_the_lease_keeps_the_canary_then_a_rollback_in_t
     run = evidence_run(handle)
     assert run.data.tags["revgate.step.route"] == f"aborted by oncall at generation {reverted.generation}"
     assert run.data.tags["revgate.decision"] == "rolled_back"
+    # The registry follows the route: the operator's rollback moved the stable alias back (the flow
+    # brought it there once the window ended), and the candidate's version page says where it stands.
+    ledger = EvidenceLedger(handle.spec.tracking_uri, tmp_path / "artifacts")
+    model = handle.spec.model_name
+    assert ledger.alias_fingerprint(model, "stable") == stable
+    assert ledger.alias_target(model, "candidate") is None
+    version = ledger.version_of(model, candidate)
+    assert version is not None
+    page = ledger.client.get_model_version(model, version)
+    assert page.tags["revgate.decision"] == "rolled_back"
+    assert page.description.startswith(f"{ROUTE_STATUS} no longer stable: replaced by ")
+    assert f"route generation {reverted.generation} (written by oncall)" in page.description.splitlines()[0]
+    assert [(move["alias"], move["version"]) for move in ledger.alias_history(model)] == [
+        ("candidate", version), ("candidate", None), ("stable", version),
+        ("stable", ledger.alias_target(model, "stable"))]
 
 
 @pytest.mark.timeout(1200)
@@ -186,9 +215,14 @@ def test_a_killed_controller_leaves_stable_serving_within_one_lease(parts: Estat
           f"(lease {lease} s)")
     assert handle.traffic.served_by(candidate, after_s=reverted_by) == []
     check_traffic(handle, stable)
-    for replica in parts.client.replicas():  # the dead controller could not drain its candidate
-        if replica["revision"] == candidate and replica["state"] == "ready":
-            parts.client.drain(str(replica["replica_id"]), 5)
+    # The dead controller could not drain its candidate: the reaper does, once its lease and the grace ran out,
+    # and leaves the stable replica the route names alone.
+    reaped = revgate("gc", "--routes", handle.spec.route_store, "--worker", parts.worker_url,
+                     "--token-file", str(parts.token), "--grace-s", "5", "--drain-grace-s", "5")
+    assert reaped.returncode == 0, reaped.stderr
+    assert "lease on route killed ran out" in reaped.stdout, reaped.stdout
+    wait_until(lambda: candidate_drained(handle, candidate), 120, "the dead controller's candidate reaped")
+    assert "ready" in parts.states(stable)
 
 
 @pytest.mark.timeout(1200)
@@ -247,3 +281,39 @@ def test_stable_short_of_capacity_refuses_the_rollout_before_anything_moves(part
     assert [s.generation for s in handle.history()] == [1]  # no traffic moved
     assert len(parts.states(parts.revision("improved").fingerprint)) == candidates_before  # nothing loaded
     assert "ready" in parts.states(handle.current().stable.fingerprint)
+
+
+def callers_own_failure(router_url: str, kind: str) -> int:
+    """A request whose failure is the caller's doing: a 1 ms deadline of its own, or a body the engine refuses."""
+    deadline, tokens = ("1", 4) if kind == "deadline" else ("60000", -1)
+    body = json.dumps({"model": "default", "prompt": "add 1+2=", "max_tokens": tokens}).encode()
+    request = urllib.request.Request(f"{router_url}/v1/completions", data=body, method="POST",  # noqa: S310
+                                     headers={"Content-Type": "application/json", "x-revgate-timeout-ms": deadline})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+@pytest.mark.timeout(1200)
+def test_callers_own_deadlines_and_bad_requests_in_the_window_revert_nothing(parts: Estate, tmp_path: Path) -> None:
+    # The defect: the window counted every error and timeout of the promoted revision, callers' 4xx
+    # answers and their own shorter deadlines included, and reverted at 5% of 20 requests.
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
+                             lease_renew_seconds=2, rollback_window_seconds=40)
+    with rollout(parts, tmp_path, "window", plan) as handle:
+        handle.start_flow()
+        wait_until(lambda: handle.current().stable.fingerprint != handle.history()[0].stable.fingerprint, LOAD_S,
+                   "the candidate promoted")
+        promoted = handle.current().stable.fingerprint
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            kinds = ["deadline", "bad"] * 25
+            answers = list(pool.map(lambda kind: callers_own_failure(handle.router_url, kind), kinds))
+        assert sorted(set(answers)) == [400, 504], answers  # every one failed, by the caller's own doing
+        assert handle.wait_flow(300) == 0, handle.flow_log()[-3000:]
+    assert "decision: promoted" in handle.flow_log()
+    assert handle.current().stable.fingerprint == promoted  # the window reverted nothing
+    window = json.loads(evidence_file(handle, "rollback-window"))
+    assert window["outcome"] == "healthy" and window["errors"] == 0, window
+    assert window["baseline_requests"] > 0, window  # the old stable's traffic while both served

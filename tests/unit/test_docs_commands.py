@@ -160,8 +160,11 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     "revgate worker --host 127.0.0.1 --port 8701 --cache .cache/worker --token-file worker.token": (
         "tests/integration/test_worker_agent.py::test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drain",),
     # docs/auditor.md
-    "revgate evidence sha256:5555 --tracking-uri sqlite:///.cache/demo/mlflow.db --model revgate-model": (
+    "revgate evidence sha256:5555 --tracking-uri sqlite:///.cache/demo/mlflow.db --model chat": (
         "tests/integration/test_ledger.py::test_an_auditor_traces_a_revision_and_finds_its_evidence_intact",),
+    "revgate evidence sha256:2222 --tracking-uri sqlite:///.cache/demo/mlflow.db --routes .cache/demo/routes": (
+        "tests/integration/test_registry_follows_route.py::"
+        "test_a_rollback_moves_the_stable_alias_and_both_version_pages_say_where_they_stand",),
 }
 
 # Commands of a kind covered by the same tests, whatever their arguments: `revgate approve` (approving and

@@ -6,13 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from evaluation.records import Outcome, RequestRecord
-from manifests.rollout import PostPromotionCheck
 from manifests.route import RevisionTarget, RouteSnapshot
 from manifests.route_change import canary, successor
 from promotion.capacity import RevisionCapacity, check_capacity, observed_demand, required_replicas, stated_capacity
 from promotion.ownership import decision_of, drainable, lease_end, takeover
-from promotion.window import window_verdict
 from rollback.plan import revert_to, rollback_snapshot
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -88,27 +85,6 @@ def test_capacity_check_names_the_short_revision_with_its_inputs() -> None:
 
 def test_observed_demand_counts_the_window_only() -> None:
     assert observed_demand([95.0, 99.0, 100.0, 70.0, 101.0], now=100.0, window_s=10.0) == pytest.approx(0.3)
-
-
-def record(arrival: float, outcome: Outcome = "ok", e2e: float = 0.1,
-           revision: str = CANDIDATE.fingerprint) -> RequestRecord:
-    return RequestRecord(request_id="r", revision=revision, arm="stable", arrival_s=arrival, outcome=outcome,
-                         first_token_s=arrival + e2e / 2, last_token_s=arrival + e2e)
-
-
-def test_window_rolls_back_on_errors_or_latency_only_with_enough_traffic() -> None:
-    check = PostPromotionCheck.build(min_requests=10, max_error_rate="0.1", e2e_ms=500, attainment="0.8")
-    fp = CANDIDATE.fingerprint
-    assert window_verdict(check, [record(1, "error")] * 9, fp, since_s=0).outcome == "watching"
-    assert window_verdict(check, [record(1)] * 10, fp, since_s=0).outcome == "healthy"
-    errors = [record(1)] * 8 + [record(1, "error")] * 2
-    assert window_verdict(check, errors, fp, since_s=0).outcome == "fail"
-    slow = [record(1)] * 7 + [record(1, e2e=0.9)] * 3
-    verdict = window_verdict(check, slow, fp, since_s=0)
-    assert verdict.outcome == "fail" and "latency" in verdict.reason
-    # Before the promotion, or on another revision: not the promoted revision's live traffic.
-    assert window_verdict(check, [record(0.5, "error")] * 20, fp, since_s=1).outcome == "watching"
-    assert window_verdict(check, [record(1, "error", revision=STABLE.fingerprint)] * 20, fp, 0).outcome == "watching"
 
 
 def test_a_plan_stated_capacity_decides_whatever_the_warm_up_measured() -> None:
