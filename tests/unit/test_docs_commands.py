@@ -159,6 +159,10 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     # docs/worker.md
     "revgate worker --host 127.0.0.1 --port 8701 --cache .cache/worker --token-file worker.token": (
         "tests/integration/test_worker_agent.py::test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drain",),
+    # docs/promotion.md
+    "revgate gc --routes s3://routes/prod --worker http://gpu-1:8700 --worker http://gpu-2:8700 "
+    "--token-file worker.token": (
+        "tests/integration/test_rollout_faults.py::test_a_killed_controller_leaves_stable_serving_within_one_lease",),
     # docs/auditor.md
     "revgate evidence sha256:5555 --tracking-uri sqlite:///.cache/demo/mlflow.db --model chat": (
         "tests/integration/test_ledger.py::test_an_auditor_traces_a_revision_and_finds_its_evidence_intact",),
