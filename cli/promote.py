@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     promote.add_argument("--site", default="",
                          help="site configuration for --local (default: $REVGATE_SITE, else ./revgate-site.json)")
     promote.add_argument("--no-follow", action="store_true", help="print the submitted run and return at once")
+    promote.add_argument("--wait-window", action="store_true",
+                         help="after a promotion, follow the run to the rollback window's end (default: return at "
+                              "the decision; `revgate status` says how the window ends)")
     promote.set_defaults(func=run_promote)
     deploy = subparsers.add_parser("deploy", help="create the revgate work pool and the deployments of prefect.yaml")
     deploy.add_argument("--project", type=Path, default=Path(), help="folder holding prefect.yaml (default: .)")
@@ -57,7 +60,7 @@ def run_promote(args: argparse.Namespace) -> int:
                   "approval": args.approval, "requested_by": args.requested_by or getpass.getuser()}
     if args.local:
         return run_local(parameters, args.site)
-    return run_deployment(parameters, follow=not args.no_follow)
+    return run_deployment(parameters, follow=not args.no_follow, wait_window=args.wait_window)
 
 
 def run_spec(path: Path) -> int:
@@ -71,8 +74,9 @@ def run_spec(path: Path) -> int:
     return PROMOTED if decision == "promoted" else NOT_PROMOTED
 
 
-def run_deployment(parameters: dict[str, str], *, follow: bool) -> int:
-    """Submit the run through the Prefect API and follow it to its end, printing each state change."""
+def run_deployment(parameters: dict[str, str], *, follow: bool, wait_window: bool = False) -> int:
+    """Submit the run through the Prefect API and follow it to its decision (or its end, ``wait_window``),
+    printing each state change."""
     from flows.submit import PROMOTE, follow_run, run_url, submit
 
     run = submit(PROMOTE, parameters)
@@ -81,7 +85,7 @@ def run_deployment(parameters: dict[str, str], *, follow: bool) -> int:
         return 0
     try:
         end = follow_run(run.id, lambda line: print(f"  {line}", flush=True),
-                         tick=route_view(parameters["route"]))
+                         tick=route_view(parameters["route"]), until_decided=not wait_window)
     except KeyboardInterrupt:  # only the following stops: the run is the worker's
         print(f"stopped following; the run goes on (cancel it in the UI): {run_url(str(run.id))}")
         return INTERRUPTED

@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="MLflow tracking URI: after the commit, move the registry's stable alias to the revision "
                              "rolled back to (a registry that cannot be reached is reported; the rollback stands)")
     parser.add_argument("--model", default="", help="registered model of the route's revisions (default: the route)")
+    parser.add_argument("--site", default="", help="the site configuration (default: $REVGATE_SITE when set): when no "
+                        "replica of the revision returned to answers, start them through the route's agents, "
+                        "verified and warmed, and commit once they are ready")
+    parser.add_argument("--no-start", action="store_true",
+                        help="never start replicas: refuse, naming what is missing, when none answers")
     parser.add_argument("--force", action="store_true",
                         help="write the rollback even when no endpoint of the revision it returns to answers")
     parser.set_defaults(func=run_rollback)
@@ -55,7 +60,8 @@ def run_rollback(args: argparse.Namespace) -> int:
         planned_on(store, args.route, by=by, now=now, answers=answers_health, force=force)
         print("dry run: nothing committed")
         return 0
-    planned = land(store, args.route, by=by, now=now, answers=answers_health, force=force)
+    planned = land(store, args.route, by=by, now=now, answers=answers_health, force=force,
+                   restore=None if args.no_start else site_restorer(args.site, args.route))
     print(f"committed generation {planned.generation}")
     token = args.admin_token_file.read_text(encoding="utf-8").strip() if args.admin_token_file else ""
     for url in routers_to_notify(args.notify):
@@ -65,6 +71,21 @@ def run_rollback(args: argparse.Namespace) -> int:
 
         print(f"  {follow_in_ledger(args.tracking_uri, args.model or args.route, planned)}")
     return 0
+
+
+def site_restorer(site: str, route: str) -> Any:
+    """Starting the revision's replicas through the route's agents, when a site configuration names them; None
+    without one (the rollback then needs replicas that answer: it stays free of Prefect and MLflow)."""
+    from flows.site import SITE_ENV
+
+    path = site or os.environ.get(SITE_ENV, "")
+    if not path:
+        return None
+    from flows.restore import restorer
+    from flows.site import load_site
+
+    settings = load_site(Path(path)).routes.get(route)
+    return None if settings is None else restorer(settings, lambda line: print(line, flush=True))
 
 
 def routers_to_notify(flags: list[str]) -> list[str]:

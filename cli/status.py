@@ -107,6 +107,7 @@ class RunLinks:
     run_id: str = ""
     run_url: str = ""
     decision: str = ""
+    window: str = ""  # the rollback window after a promotion: "open until T", then how it ended
     gates: GateState | None = None
     prefect: str = "not configured"  # the flow run's state name, none, unreachable, not configured
     flow_run_id: str = ""
@@ -222,6 +223,8 @@ def render(status: RouteStatus) -> str:
 def _render_links(links: RunLinks) -> list[str]:
     lines = [f"mlflow run  {links.run_id or links.mlflow}" + (f"  {links.run_url}" if links.run_url else "")
              + (f"  decision {links.decision}" if links.decision else "")]
+    if links.window:
+        lines.append(f"window      {links.window}")
     lines.append(f"prefect run {links.flow_run_id or '-'}  {links.prefect}"
                  + (f"  {links.flow_run_url}" if links.flow_run_url else ""))
     gates = links.gates
@@ -304,6 +307,7 @@ def read_links(route: str, tracking_uri: str, mlflow_ui: str, prefect_api: str, 
     ui = prefect_api.rstrip("/").removesuffix("/api")
     return RunLinks(
         mlflow="found", run_id=run_id, decision=tags.get("revgate.decision", ""),
+        window=tags.get("revgate.rollback_window", ""),
         run_url=f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}" if mlflow_ui else "",
         gates=gate_state(*report) if report else None, prefect=prefect, flow_run_id=flow_run_id,
         flow_run_url=f"{ui}/runs/flow-run/{flow_run_id}" if flow_run_id and prefect_api else "",

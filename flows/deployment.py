@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Literal
 
 from prefect import flow, get_run_logger
@@ -18,6 +19,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
 from flows.promote import RolloutInProgress, promote_revision
+from flows.restore import restorer
 from flows.site import RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
 from flows.spec import PromotionSpec
 from flows.steps import router_admin
@@ -89,12 +91,15 @@ def promote(  # noqa: PLR0917 - the Run form's fields, passed by name
 
 
 @flow(name="rollback", log_prints=True)
-def rollback(route: str, requested_by: str = "") -> str:
+def rollback(route: str, requested_by: str = "", start_replicas: bool = True) -> str:
     """Return a route to its last known good revision and tell its router; a canary or shadow is removed first.
 
     Args:
         route: The route to roll back, as the site configuration names it.
         requested_by: Who rolls back, for the audit trail.
+        start_replicas: When no replica of the revision returned to answers (drained after the window),
+            start them through the agents, verified and warmed, and move the route once they are ready.
+            Off: refuse, naming what is missing.
     """
     logger = get_run_logger()
     site = load_site(site_path())
@@ -104,8 +109,9 @@ def rollback(route: str, requested_by: str = "") -> str:
     settings = site.routes[route]
     store = open_route_store(settings.route_store)
     # The same rules as `revgate rollback`: onto endpoints that answer, planned again on a concurrent write.
+    say = partial(logger.info, "%s")
     planned = land(store, route, by=f"{requester(requested_by)} (rollback)", now=lambda: datetime.now(UTC),
-                   answers=answers_health, say=lambda line: logger.info("%s", line))
+                   answers=answers_health, say=say, restore=restorer(settings, say) if start_replicas else None)
     told = "; ".join(f"router {url} {notify_router(settings, url)}"
                      for url in dict.fromkeys((settings.router_admin_url, *settings.more_routers)))
     summary = f"route {route}: generation {planned.generation}, stable {planned.stable.short}; {told}"

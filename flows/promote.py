@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -497,6 +497,19 @@ class Promotion:
         return revert_to(current, self.before, by=self.spec.created_by, now=datetime.now(UTC))
 
 
+WINDOW_TAG = "revgate.rollback_window"  # open until T, then how it ended: on the run, for `revgate status`
+DECIDED = "decided: "  # the log line a follower returns at, before the rollback window ends
+
+
+def window_outcome(verdict: WindowVerdict | None, ended_by: str) -> str:
+    """How the rollback window ended, in a few words."""
+    if ended_by:
+        return f"ended: {ended_by}"
+    if verdict is None:
+        return "ended: no live traffic of the promoted revision was read (no router records configured)"
+    return f"ended {verdict.outcome}: {verdict.reason}"
+
+
 def run_cancelled() -> Callable[[], bool] | None:
     """Whether this flow run was cancelled (None outside a flow run): a run started in-process has no
     runner to kill it, so the heartbeat asks the API."""
@@ -615,11 +628,25 @@ class Rollout:
         self.retired = steps.replicas_serving(spec, driver.before.stable.endpoints)
         self._record_decision(run, "promoted")
         self.lock.close()  # the window never holds the route against an operator's rollback
+        self._announce_window(run)
         self.windowing = True
         verdict = driver.watch_window(promoted_at)
         self.windowing = False
         if verdict is not None:
             ledger.log_json(run, "rollback-window", verdict.evidence())
+        ledger.tag(run, WINDOW_TAG, window_outcome(verdict, driver.state.reason if driver.state.status != "promoted"
+                                                   else ""))
+
+    def _announce_window(self, run: EvidenceRun) -> None:
+        """The decision is made: say so now (``revgate promote`` returns here) and when the window ends."""
+        seconds = self.spec.plan.rollback_window_seconds
+        self.ledger.tag(run, "revgate.decision", "promoted")  # final unless the window reverts it
+        if seconds <= 0:
+            return
+        until = (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="seconds")
+        self.ledger.tag(run, WINDOW_TAG, f"open until {until}")
+        get_run_logger().info("%s%s; the rollback window watches until %s (revgate status shows how it ends)",
+                              DECIDED, "promoted", until)
 
     def _register_candidate(self, run: EvidenceRun, driver: Promotion) -> None:
         """A model version for the candidate before it reaches traffic, named by the ``candidate`` alias: every
@@ -646,6 +673,8 @@ class Rollout:
     def _record_takeover(self, run: EvidenceRun, taken: Takeover) -> None:
         """Another writer ended the rollout: say who and where, in the rollout's own evidence run."""
         get_run_logger().warning("rollout stopped: %s", taken.reason)
+        if self.windowing:
+            self.ledger.tag(run, WINDOW_TAG, f"ended: {taken.reason}")
         self.ledger.log_step(run, "route", taken.reason)
         self.ledger.log_json(run, "aborted", {"writer": taken.writer, "generation": taken.generation,
                                               "reason": taken.reason})

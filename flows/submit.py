@@ -22,6 +22,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from flows.deployment import DECISION, REFUSED
+from flows.promote import DECIDED
 from manifests.errors import RevgateError
 
 WORK_POOL = "revgate"
@@ -98,8 +99,13 @@ def describe(run: FlowRun) -> str:
 
 
 def follow_run(flow_run_id: UUID, report: Callable[[str], None], *, poll_s: float = 1.0,
-           timeout_s: float | None = None, tick: Callable[[], None] | None = None) -> RunEnd:
-    """Report each state change of the run until it ends (calling ``tick`` at every poll); how it ended."""
+               timeout_s: float | None = None, tick: Callable[[], None] | None = None,
+               until_decided: bool = False) -> RunEnd:
+    """Report each state change of the run until it ends (calling ``tick`` at every poll); how it ended.
+
+    ``until_decided``: return as soon as the flow logs its decision, while its rollback window still
+    watches (the run goes on; ``revgate status`` says how the window ends).
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     seen = ""
     with get_client(sync_client=True) as client:
@@ -111,11 +117,26 @@ def follow_run(flow_run_id: UUID, report: Callable[[str], None], *, poll_s: floa
                 seen = line
             if run.state is not None and run.state.is_final():
                 return state_end(str(flow_run_id), run.state)
+            if until_decided and run.state is not None and run.state.is_running() and \
+                    (decided := decided_line(client, flow_run_id)):
+                report(decided)
+                decision = decided.removeprefix(DECIDED).split(";", 1)[0]
+                return RunEnd(str(flow_run_id), "RUNNING", "Running (rollback window)", f"{DECISION}{decision}")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} did not end within {timeout_s} s")
             if tick is not None:
                 tick()
             time.sleep(poll_s)
+
+
+def decided_line(client: Any, flow_run_id: UUID) -> str:
+    """The flow's ``decided: ...`` log line, once it logged one; empty before."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                            limit=200, sort=LogSort.TIMESTAMP_DESC)
+    return next((str(log.message) for log in logs if str(log.message).startswith(DECIDED)), "")
 
 
 def ensure_work_pool(name: str = WORK_POOL) -> bool:

@@ -9,21 +9,28 @@ Prefect and MLflow down.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from manifests.route import RouteConflict, RouteSnapshot, RouteStore
-from rollback.plan import on_live_endpoints, plan_rollback
+from rollback.plan import on_live_endpoints, plan_rollback, serving_on
 
 CONFLICT_ATTEMPTS = 5  # planned again on top of a concurrent write (a live heartbeat's), this many times at most
 
 
-def planned_on(store: RouteStore, route: str, *, by: str, now: Callable[[], datetime], answers: Callable[[str], bool],
-               force: bool = False, say: Callable[[str], None] = print) -> RouteSnapshot:
+Restore = Callable[[RouteSnapshot], Sequence[str]]  # start the planned stable's replicas; their ready endpoints
+
+
+def planned_on(
+    store: RouteStore, route: str, *, by: str, now: Callable[[], datetime], answers: Callable[[str], bool],
+    force: bool = False, say: Callable[[str], None] = print, restore: Restore | None = None,
+) -> RouteSnapshot:
     """The rollback on top of the route's newest snapshot, reading the history only as far as it needs.
 
-    A revert (another stable) keeps only the endpoints ``answers`` says are up, and is refused
-    (NoLiveStable) when none is, unless ``force``; aborting a canary keeps the stable serving now.
+    A revert (another stable) keeps only the endpoints ``answers`` says are up. When none is, ``restore``
+    (given) starts replicas of that revision, verified and warmed, and the rollback lands on them once
+    they are ready; without it the rollback is refused (NoLiveStable), unless ``force``. Aborting a
+    canary keeps the stable serving now.
     """
     generations = store.back(route)
     current = next(generations, None)
@@ -31,6 +38,11 @@ def planned_on(store: RouteStore, route: str, *, by: str, now: Callable[[], date
     assert current is not None  # plan_rollback refused an empty route
     if planned.stable.fingerprint != current.stable.fingerprint:
         live = [url for url in planned.stable.endpoints if answers(url)]
+        if not live and not force and restore is not None:
+            say(f"no endpoint of {planned.stable.short} answers its health check: starting replicas of it "
+                "through the agents (verified and warmed like a candidate; the route moves once they are ready)")
+            planned = serving_on(planned, list(restore(planned)))
+            live = list(planned.stable.endpoints)
         if force and not live:
             say(f"warning: no endpoint of {planned.stable.short} answers its health check; --force writes it")
         elif not force:
@@ -47,10 +59,20 @@ def planned_on(store: RouteStore, route: str, *, by: str, now: Callable[[], date
 
 
 def land(store: RouteStore, route: str, *, by: str, now: Callable[[], datetime], answers: Callable[[str], bool],
-         force: bool = False, say: Callable[[str], None] = print) -> RouteSnapshot:
-    """Plan and commit the rollback (compare-and-swap), planning again on top of a concurrent write."""
+         force: bool = False, say: Callable[[str], None] = print, restore: Restore | None = None) -> RouteSnapshot:
+    """Plan and commit the rollback (compare-and-swap), planning again on top of a concurrent write
+    (replicas ``restore`` started are started once, and answer from then on)."""
+    started: dict[str, list[str]] = {}
+
+    def restore_once(planned: RouteSnapshot) -> list[str]:
+        assert restore is not None
+        if planned.stable.fingerprint not in started:
+            started[planned.stable.fingerprint] = list(restore(planned))
+        return started[planned.stable.fingerprint]
+
     for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-        planned = planned_on(store, route, by=by, now=now, answers=answers, force=force, say=say)
+        planned = planned_on(store, route, by=by, now=now, answers=answers, force=force, say=say,
+                             restore=restore_once if restore is not None else None)
         try:
             store.write(planned)
             return planned

@@ -81,7 +81,12 @@ def on_live_endpoints(planned: RouteSnapshot, live: Iterable[str]) -> RouteSnaps
         )
     if len(alive) == len(planned.stable.endpoints):
         return planned
-    stable = planned.stable.model_copy(update={"endpoints": tuple(alive)})
-    domains = {url: domain for url, domain in planned.failure_domains.items() if url in alive}
+    return serving_on(planned, alive)
+
+
+def serving_on(planned: RouteSnapshot, endpoints: Sequence[str]) -> RouteSnapshot:
+    """``planned`` with its stable revision on ``endpoints`` (some of its own, or replicas started anew)."""
+    stable = planned.stable.model_copy(update={"endpoints": tuple(endpoints)})
+    domains = {url: domain for url, domain in planned.failure_domains.items() if url in endpoints}
     return RouteSnapshot.model_validate(planned.model_copy(update={"stable": stable, "failure_domains": domains})
                                         .model_dump())

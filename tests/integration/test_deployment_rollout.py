@@ -15,6 +15,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -63,7 +64,7 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
     from prefect.flow_runs import resume_flow_run
 
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Approve(), Bake(seconds=5)], lease_seconds=20,
-                             lease_renew_seconds=2, rollback_window_seconds=0)
+                             lease_renew_seconds=2, rollback_window_seconds=30)
     with estate(zoo_dir, prefect_api, tmp_path / "estate") as parts, \
             rollout(parts, tmp_path / "route", "deployed", plan, rate=0.5) as handle:
         stable = handle.current().stable.fingerprint
@@ -79,13 +80,21 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
                 resume_flow_run(UUID(form.group(1)), run_input={"approver": "rm", "approve": True,
                                                                 "evidence_digest": "", "comment": "looks right"})
                 assert command.wait(300) == 0, output.read_text()
+                # The command returned at the decision; the run still watches its rollback window.
+                window = run_window(handle)
+                assert window.startswith("open until "), window
+                assert run_state(UUID(form.group(1))).is_running()
+                ended = wait_until(lambda: run_state(UUID(form.group(1))).is_final(), 120, "the window's end")
+                assert ended
             finally:
                 if command.poll() is None:
                     command.kill()
         printed = output.read_text()
         print(printed)
-        assert "Paused" in printed and "Completed: decision: promoted" in printed
+        assert "Paused" in printed and "decided: promoted; the rollback window watches until" in printed
         assert printed.rstrip().endswith("decision: promoted")
+        # Half a request a second for 30 s may not reach the window's 20: it ends watching, or healthy; never reverted.
+        assert run_window(handle).startswith(("ended healthy: ", "ended watching: ")), run_window(handle)
         # While following, the command showed the route's live view: the canary, its router and replicas.
         assert re.search(r"route deployed  generation \d+  stage canary", printed), printed
         assert "routers" in printed and "replica(s)" in printed
@@ -94,6 +103,22 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
         assert promoted.created_by == "ana"
         assert handle.traffic.failed() == []
         assert handle.traffic.served_by(promoted.stable.fingerprint)
+
+
+def run_state(run_id: UUID) -> Any:
+    """The flow run's state, from the Prefect API."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id).state
+
+
+def run_window(handle: Rollout) -> str:
+    """The rollback window's tag on the route's newest evidence run ("" before a promotion)."""
+    from registry.ledger import EvidenceLedger
+
+    run = EvidenceLedger(handle.spec.tracking_uri, handle.folder / "artifacts").latest_run(handle.route)
+    return "" if run is None else str(run.data.tags.get("revgate.rollback_window", ""))
 
 
 def replica_states(parts: Estate, target: RevisionTarget) -> list[str]:

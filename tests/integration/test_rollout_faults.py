@@ -317,3 +317,46 @@ def test_callers_own_deadlines_and_bad_requests_in_the_window_revert_nothing(par
     window = json.loads(evidence_file(handle, "rollback-window"))
     assert window["outcome"] == "healthy" and window["errors"] == 0, window
     assert window["baseline_requests"] > 0, window  # the old stable's traffic while both served
+
+
+@pytest.mark.timeout(1500)
+def test_a_rollback_after_the_window_starts_the_old_stable_and_moves_the_route_once_it_is_ready(
+    parts: Estate, tmp_path: Path
+) -> None:
+    # The defect: after the window the old stable is drained; a later rollback wrote a snapshot whose
+    # stable endpoints were dead. Now it starts the revision's replicas first and commits only then.
+    from tests.integration.test_deployment_rollout import site_of
+
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
+                             lease_renew_seconds=2, rollback_window_seconds=0)
+    with rollout(parts, tmp_path, "restore", plan) as handle:
+        old = handle.current().stable
+        handle.start_flow()
+        assert handle.wait_flow(LOAD_S) == 0, handle.flow_log()[-3000:]
+        promoted = handle.current()
+        assert promoted.stable.fingerprint != old.fingerprint
+        wait_until(lambda: "ready" not in parts.states(old.fingerprint), 120, "the old stable drained after the window")
+        site = site_of([handle], tmp_path / "site.json")
+        settings = json.loads(site.read_text())
+        settings["routes"]["restore"]["candidates"]["stable"] = parts.digests["stable"]
+        site.write_text(json.dumps(settings), encoding="utf-8")
+        rollback = ["rollback", "--routes", handle.spec.route_store, "--route", "restore", "--created-by", "oncall",
+                    "--site", str(site), "--notify", handle.admin_url, "--admin-token-file", str(parts.token)]
+
+        refused = revgate(*rollback, "--no-start")
+        assert refused.returncode == 2 and "NoLiveStable" in refused.stderr, refused.stderr
+        assert handle.current() == promoted  # nothing written
+
+        done = revgate(*rollback)
+        assert done.returncode == 0, done.stdout + done.stderr
+        moved_at = time.time()
+        print(done.stdout)
+        assert "starting replicas of it through the agents" in done.stdout and "ready at" in done.stdout
+        back = handle.current()
+        assert back.generation == promoted.generation + 1  # one write, once the replica was ready
+        assert back.stable.fingerprint == old.fingerprint and back.stable.endpoints != old.endpoints
+        assert parts.states(old.fingerprint).count("ready") == 1
+        wait_until(lambda: handle.traffic.served_by(old.fingerprint, after_s=moved_at + 2), 60,
+                   "users served by the restored stable")
+    assert handle.traffic.failed() == [], handle.traffic.failed()[:3]  # users never saw the restore
+    assert handle.traffic.served_by(promoted.stable.fingerprint, after_s=moved_at + 3) == []
