@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from manifests.route import RevisionTarget, RouteSnapshot
 from manifests.route_change import canary, successor
-from rollback.reap import reapable
+from rollback.reap import reapable, retired
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
@@ -47,3 +47,19 @@ def test_a_replica_named_nowhere_is_kept_while_young_then_reaped_and_the_gone_ar
     unknown_age = view("old-agent", "http://127.0.0.1:8011")
     unknown_age["created_at"] = 0.0
     assert reaped([unknown_age]) == []
+
+
+def test_a_promotions_old_stable_is_held_for_the_window_after_the_write_that_retired_it() -> None:
+    first = route()
+    promoted = successor(first, by="flow", now=NOW - timedelta(seconds=100), stable=CANDIDATE)
+    renewed = successor(promoted, by="flow", now=NOW - timedelta(seconds=50))
+    retired_at = retired([renewed, promoted, first], since=NOW - timedelta(hours=2))
+    assert retired_at == {"http://127.0.0.1:8001": (promoted.created_at, "route chat's generation 2")}
+    old = [view("old-stable", "http://127.0.0.1:8001")]
+    kept = reapable({W: old}, [renewed], now=NOW, grace_s=60, hold_s=3600, retired_at=retired_at)
+    assert kept == []  # inside the window: a rollback serves from it at once
+    later = NOW + timedelta(seconds=3600 - 100 + 61)
+    [reap] = reapable({W: old}, [renewed], now=later, grace_s=60, hold_s=3600, retired_at=retired_at)
+    assert "rollback window's hold after route chat's generation 2 retired it as stable ran out" in reap.reason
+    # Read newest first only back to `since`: a write older than that is not looked at.
+    assert retired([renewed, promoted, first], since=NOW - timedelta(seconds=75)) == {}
