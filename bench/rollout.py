@@ -7,6 +7,10 @@ a router, MLflow on SQLite, and open-loop traffic through the router.
 - ``trigger_to_first_canary_s``: ``revgate promote`` started to the first request the candidate
   served, less the candidate replica's load and warm-up (the worker's own timings); the plan's
   first step is the canary, so there is no bake before it. Goal: under 30 s on 2 cores.
+- ``rollback_with_stable_warm_s`` and ``rollback_to_ready_stable_s``: ``revgate rollback``'s procedure
+  after a promotion, from its start to the first request the old stable served: with the old stable's
+  replica still warm (inside the window), then with it drained (after the window: its replica started
+  through the agent, verified, loaded and warmed, and only then routed). One run, side by side.
 - ``fail_to_stable_s``: from a failing gate decision fed to the flow's driver (the code path the
   flow takes after a failed analysis: state machine, fenced commit, router notify) to the first
   request from which every new request is served by stable; the worst of ``--repeats``, with the
@@ -112,6 +116,43 @@ def fail_to_stable(parts: Estate, folder: Path, replica_id: str, rate: float, re
     return seconds
 
 
+def rollback_figures(parts: Estate, folder: Path, replica_id: str, rate: float) -> dict[str, float]:
+    """``revgate rollback``'s procedure after a promotion, timed to the first request the old stable serves:
+    with the old stable still warm, then with it drained (its replica started, verified and warmed anew)."""
+    from flows.restore import restorer
+    from flows.site import ROUTE_ONLY, RouteSite
+    from rollback.land import land
+    from serving.worker.engine import answers_health
+
+    view = parts.client.replica(replica_id)
+    promoted = RevisionTarget(fingerprint=str(view["revision"]), endpoints=(str(view["endpoint"]),),
+                              served_model=str(view["served_model"]))
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)], rollback_window_seconds=0)
+    figures = {}
+    with rollout(parts, folder, "bench-rollback", plan, rate=rate) as handle:
+        settings = RouteSite.model_validate_json(json.dumps({
+            **handle.spec.model_dump(mode="json", include=set(RouteSite.model_fields) - ROUTE_ONLY),
+            "policy": "p", "plan": "p", "candidates": {"stable": parts.digests["stable"]}}))
+        old = handle.current().stable
+        for name, drained in (("rollback_with_stable_warm_s", False), ("rollback_to_ready_stable_s", True)):
+            now = datetime.now(UTC)
+            handle.store.write(successor(handle.current(), by="flow", now=now, stable=promoted, candidate=None))
+            wait_until(partial(handle.traffic.served_by, promoted.fingerprint, after_s=time.time()), 60,
+                       "the promoted revision serving")
+            if drained:
+                for replica in parts.client.replicas():
+                    if replica["revision"] == old.fingerprint and replica["state"] == "ready":
+                        parts.client.drain(str(replica["replica_id"]), 5)
+                wait_until(lambda: "ready" not in parts.states(old.fingerprint), 120, "the old stable drained")
+            started = time.time()
+            land(handle.store, handle.route, by="bench", now=lambda: datetime.now(UTC), answers=answers_health,
+                 say=lambda line: None, restore=restorer(settings, say=lambda line: None))
+            first = wait_until(partial(handle.traffic.served_by, old.fingerprint, after_s=started), LOAD_S,
+                               "the old stable serving")[0]
+            figures[name] = first.sent_s - started + 1 / rate
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -129,14 +170,18 @@ def main() -> None:
             os.environ.update(env)
             with estate(zoo_dir, env["PREFECT_API_URL"], root / "estate") as parts:
                 trigger, trigger_parts, replica_id = trigger_to_first_canary(parts, root / "trigger", args.trigger_rate)
+                rollbacks = rollback_figures(parts, root / "rollback", replica_id, args.rate)
                 fails = fail_to_stable(parts, root / "fail", replica_id, args.rate, args.repeats)
-    figures = {"fail_to_stable_s": round(max(fails), 3), "trigger_to_first_canary_s": round(trigger, 3)}
+    figures = {"fail_to_stable_s": round(max(fails), 3), "trigger_to_first_canary_s": round(trigger, 3),
+               **{name: round(value, 3) for name, value in rollbacks.items()}}
     print(f"{'figure':<34}{'value':>10}{'goal':>10}")
     print(f"{'fail_to_stable_s (worst)':<34}{max(fails):>10.3f}{1.0:>10.1f}")
     print(f"{'fail_to_stable_s (median)':<34}{statistics.median(fails):>10.3f}")
     print(f"{'trigger_to_first_canary_s':<34}{trigger:>10.3f}{30.0:>10.1f}")
     for name, value in trigger_parts.items():
         print(f"  {name:<32}{value:>10.3f}")
+    for name, value in rollbacks.items():
+        print(f"{name:<34}{value:>10.3f}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         **figures,
