@@ -692,6 +692,7 @@ class Rollout:
         try:
             if self.windowing and fault:
                 self.driver.revert(reason)
+                self.ledger.tag(run, WINDOW_TAG, f"ended: reverted: {reason}")
             elif not self.windowing:
                 self.driver.roll_back(reason)
         except RouteTakenOver as taken:

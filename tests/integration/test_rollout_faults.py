@@ -360,3 +360,46 @@ def test_a_rollback_after_the_window_starts_the_old_stable_and_moves_the_route_o
                    "users served by the restored stable")
     assert handle.traffic.failed() == [], handle.traffic.failed()[:3]  # users never saw the restore
     assert handle.traffic.served_by(promoted.stable.fingerprint, after_s=moved_at + 3) == []
+
+
+@pytest.mark.timeout(1500)
+def test_a_revert_in_the_window_moves_the_registrys_stable_alias_back_and_evidence_shows_the_route_beside_it(
+    parts: Estate, tmp_path: Path
+) -> None:
+    # The defect: the version's page and the stable alias still said "promoted" after the window reverted.
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
+                             lease_renew_seconds=1, rollback_window_seconds=300)
+    with rollout(parts, tmp_path, "revert", plan) as handle:
+        old = handle.current().stable.fingerprint
+        handle.start_flow()
+        wait_until(lambda: handle.current().stable.fingerprint != old, LOAD_S, "the candidate promoted")
+        promoted = handle.current()
+        ledger = EvidenceLedger(handle.spec.tracking_uri, tmp_path / "artifacts")
+        model = handle.spec.model_name
+        wait_until(lambda: ledger.alias_fingerprint(model, "stable") == promoted.stable.fingerprint, 60,
+                   "the stable alias on the promoted revision")
+        # The promoted revision's engine dies inside the window: the flow reverts to the old stable, still warm.
+        engine = next(r for r in parts.client.replicas()
+                      if r["revision"] == promoted.stable.fingerprint and r["state"] == "ready")
+        os.kill(int(engine["pid"]), signal.SIGKILL)
+        assert handle.wait_flow(180) == 3, handle.flow_log()[-3000:]
+    back = handle.current()
+    assert back.stable.fingerprint == old and back.created_by == handle.spec.created_by  # the window's revert
+    assert ledger.alias_fingerprint(model, "stable") == old
+    version = ledger.version_of(model, promoted.stable.fingerprint)
+    assert version is not None
+    page = ledger.client.get_model_version(model, version)
+    assert page.tags["revgate.decision"] == "rolled_back"
+    assert page.description.startswith(f"{ROUTE_STATUS} no longer stable: replaced by {old[7:19]} at route "
+                                        f"generation {back.generation}")
+    run = evidence_run(handle)
+    assert run.data.tags["revgate.rollback_window"].startswith("ended: "), run.data.tags
+    audit = revgate("evidence", promoted.stable.fingerprint, "--tracking-uri", handle.spec.tracking_uri,
+                    "--routes", handle.spec.route_store)
+    print(audit.stdout)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    table = audit.stdout[audit.stdout.index(f"route revert stable changes beside {model}'s alias stable"):]
+    rows = table.splitlines()[2:]
+    assert [row.split()[0] for row in rows] == ["1", str(promoted.generation), str(back.generation)], table
+    assert f"version {version} ({promoted.stable.fingerprint[7:19]}), moved by" in rows[1]
+    assert f"({old[7:19]}), moved by" in rows[2]
