@@ -182,6 +182,30 @@ class RecordsTail:
         return [RequestRecord.from_json(line) for line in complete.decode().splitlines() if line.strip()]
 
 
+class SinkTail:
+    """Every router's request records in the record sink, read incrementally from ``since_s`` (the rollback
+    window's source where the routers write to a sink: the site configuration documented for production).
+
+    A sink that cannot be read now gives nothing this time (said in ``unavailable``); the next poll
+    goes on from where the last whole read stopped.
+    """
+
+    def __init__(self, sink: str, route: str, since_s: float) -> None:
+        self.reader = RecordReader(open_record_store(sink), route, "requests", lambda data: RequestRecord(**data))
+        self.window = StageWindow(since_s=since_s)
+        self.unavailable = ""
+
+    def poll(self) -> list[RequestRecord]:
+        """The records the routers wrote since the last poll."""
+        try:
+            read = self.reader.read(self.window)
+        except RecordStoreUnavailable as error:
+            self.unavailable = error.what
+            return []
+        self.unavailable = ""
+        return read.records
+
+
 def own_traffic(record: dict[str, object]) -> bool:
     """Whether a router record is the rollout's own replayed probe (by the caller's id or its class label)."""
     ids = (str(record.get("request_id", "")), str(record.get("caller_request_id", "")))

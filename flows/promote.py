@@ -274,6 +274,7 @@ class Promotion:
         self.before = steps.current_route(spec)  # its stable is what the rollback window returns to
         # The window compares with the old stable's traffic while both served: read from here on, not from 0.
         self.records_from = evidence.RecordsTail.end_of(Path(spec.router_records)) if spec.router_records else 0
+        self.started_s = time.time()
         self.owner = owner or RouteOwner(spec, self.before.generation)
         self.stable = self.before.stable.fingerprint
         self.reports = 0
@@ -467,8 +468,7 @@ class Promotion:
         Runs without the route lock, so an operator's rollback is never blocked; it ends the watch.
         """
         plan, check = self.spec.plan, self.spec.plan.post_promotion
-        records = (evidence.RecordsTail(Path(self.spec.router_records), self.records_from)
-                   if self.spec.router_records else None)
+        records = self._window_records()
         deadline = time.monotonic() + plan.rollback_window_seconds
         verdict: WindowVerdict | None = None
         seen = WindowTally()
@@ -485,6 +485,17 @@ class Promotion:
                 self.revert(f"rollback window: {verdict.reason}")
                 return verdict
         return verdict
+
+    def _window_records(self) -> evidence.SinkTail | evidence.RecordsTail | None:
+        """Where the window reads the routers' records from the rollout's start on: every router's, from the
+        record sink when there is one; else the one router's local file; None without either."""
+        if self.spec.records_sink:
+            return evidence.SinkTail(self.spec.records_sink, self.spec.route, self.started_s)
+        if self.spec.router_records:
+            return evidence.RecordsTail(Path(self.spec.router_records), self.records_from)
+        get_run_logger().warning("rollback window: no record sink and no router records configured: it watches "
+                                 "nothing and only keeps the old stable ready")
+        return None
 
     def revert(self, reason: str) -> None:
         """After promotion: the old stable alone again, on its endpoints (still ready in the window)."""

@@ -10,6 +10,7 @@ judge): it works the reference task out from the user's prompt and prefers the r
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -31,7 +32,7 @@ from flows.demo import EXECUTION, user_traffic
 from flows.processes import router
 from flows.spec import PromotionSpec
 from manifests.gates import GatePolicy
-from manifests.rollout import Analyze, RolloutPlan, SetWeight, Shadow
+from manifests.rollout import Analyze, Bake, RolloutPlan, SetWeight, Shadow
 from manifests.route import RouteSnapshot
 from registry.route_store import open_route_store
 from tests.integration.gate_reports import evidence_counts, gate, last_report
@@ -45,7 +46,8 @@ SORT_LONG = {**{name: 0.0 for name in TASK_SLICES}, "sort/long": 1.0}  # users w
 
 @pytest.fixture(scope="module")
 def live(zoo_dir: Path, prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Estate]:
-    with estate(zoo_dir, prefect_api, tmp_path_factory.mktemp("live"), ("stable", "slow", "slice-regressed")) as e:
+    with estate(zoo_dir, prefect_api, tmp_path_factory.mktemp("live"),
+                ("stable", "slow", "slice-regressed", "improved")) as e:
         yield e
 
 
@@ -59,8 +61,10 @@ class Ended:
     report: dict[str, Any]
 
 
-def roll_out(live: Estate, folder: Path, route: str, candidate: str, *, plan: RolloutPlan, policy: GatePolicy,
-             rate: float, mix: dict[str, float] | None = None, judge_url: str = "") -> Ended:
+def roll_out(
+    live: Estate, folder: Path, route: str, candidate: str, *, plan: RolloutPlan, policy: GatePolicy, rate: float,
+    mix: dict[str, float] | None = None, judge_url: str = "", local_records: bool = True,
+) -> Ended:
     """Run ``revgate promote`` for ``candidate`` with the probes off while users' traffic runs."""
     folder.mkdir(parents=True, exist_ok=True)
     routes, sink = str(folder / "routes"), str(folder / "records")
@@ -74,7 +78,8 @@ def roll_out(live: Estate, folder: Path, route: str, candidate: str, *, plan: Ro
             artifact_store=live.store, route_store=routes, signature=live.policy, execution=EXECUTION, warm=WARM,
             gate_policy=policy, plan=plan, worker_url=live.worker_url, worker_token_file=str(live.token),
             router_url=public, router_admin_url=admin, router_admin_token_file=str(live.token), records_sink=sink,
-            router_records=str(folder / "router" / "records.jsonl"), trace=str(folder / "unused-trace.jsonl"),
+            router_records=str(folder / "router" / "records.jsonl") if local_records else "",
+            trace=str(folder / "unused-trace.jsonl"),
             probes=False, batch_size=20, user_wait_s=60, judge_url=judge_url, judge_model="judge-7b",
             tracking_uri=tracking, evidence_root=str(folder / "evidence"), approval="auto",
         )
@@ -84,7 +89,8 @@ def roll_out(live: Estate, folder: Path, route: str, candidate: str, *, plan: Ro
                                 env={**os.environ, "PREFECT_API_URL": live.prefect_api}, capture_output=True,
                                 text=True, timeout=900, check=False)
     output = result.stdout[-4000:] + result.stderr[-4000:]
-    _, report = last_report(MlflowClient(tracking), folder, route)
+    analyzed = any(isinstance(step, Analyze) for step in plan.steps)
+    report = last_report(MlflowClient(tracking), folder, route)[1] if analyzed else {}
     return Ended(result.returncode, output, list(open_route_store(routes).history(route)), report)
 
 
@@ -146,3 +152,24 @@ def test_a_slice_regression_fails_in_shadow_from_the_judge_on_users_prompts(live
     # The judge read the users' own prompts, each pair asked twice with the answers swapped.
     assert asked and all("Request:\nsort " in body["messages"][0]["content"] for body in asked)
     assert len(asked) % 2 == 0
+
+
+def test_the_rollback_window_reads_every_routers_records_from_the_sink(live: Estate, tmp_path: Path) -> None:
+    # The defect: the window read one router's local records file; the production configuration (records
+    # on the sink only) left it empty, and the window watched nothing and just slept.
+    policy = GatePolicy.build(slice_keys=["family"], min_samples_per_slice=10, max_samples_per_stage=60,
+                              look_every=20, latency_metrics=[])
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=10)], lease_seconds=600,
+                             rollback_window_seconds=20, post_promotion={"min_requests": 5})
+    ended = roll_out(live, tmp_path, "live-window", "improved", plan=plan, policy=policy, rate=3.0,
+                     local_records=False)
+    assert ended.code == 0 and "decision: promoted" in ended.output, ended.output
+    client = MlflowClient(f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("revgate/live-window")
+    assert experiment is not None
+    run = client.search_runs([experiment.experiment_id])[0]
+    window = json.loads(Path(client.download_artifacts(run.info.run_id, "evidence/rollback-window.json",
+                                                       str(tmp_path))).read_text())
+    assert window["outcome"] == "healthy" and window["requests"] >= 5, window  # the promoted revision's users
+    assert window["baseline_requests"] > 0, window  # the old stable's, while both served
+    assert run.data.tags["revgate.rollback_window"].startswith("ended healthy: "), run.data.tags
