@@ -9,6 +9,8 @@ Prefect and MLflow down.
 from __future__ import annotations
 
 import itertools
+import random
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -16,6 +18,7 @@ from manifests.route import RouteConflict, RouteSnapshot, RouteStore
 from rollback.plan import on_live_endpoints, plan_rollback, serving_on
 
 CONFLICT_ATTEMPTS = 5  # planned again on top of a concurrent write (a live heartbeat's), this many times at most
+BACKOFF_S = (0.0, 0.05, 0.1, 0.2, 0.4)  # before each attempt: bounded, and short next to any lease renewal
 
 
 Restore = Callable[[RouteSnapshot], Sequence[str]]  # start the planned stable's replicas; their ready endpoints
@@ -59,9 +62,10 @@ def planned_on(
 
 
 def land(store: RouteStore, route: str, *, by: str, now: Callable[[], datetime], answers: Callable[[str], bool],
-         force: bool = False, say: Callable[[str], None] = print, restore: Restore | None = None) -> RouteSnapshot:
-    """Plan and commit the rollback (compare-and-swap), planning again on top of a concurrent write
-    (replicas ``restore`` started are started once, and answer from then on)."""
+         force: bool = False, say: Callable[[str], None] = print, restore: Restore | None = None,
+         pause: Callable[[float], None] = time.sleep) -> RouteSnapshot:
+    """Plan and commit the rollback (compare-and-swap), planning again on top of a concurrent write after
+    a bounded, jittered backoff (replicas ``restore`` started are started once, and answer from then on)."""
     started: dict[str, list[str]] = {}
 
     def restore_once(planned: RouteSnapshot) -> list[str]:
@@ -71,6 +75,8 @@ def land(store: RouteStore, route: str, *, by: str, now: Callable[[], datetime],
         return started[planned.stable.fingerprint]
 
     for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        if BACKOFF_S[attempt - 1]:  # jitter: two rollbacks racing each other do not retry in step
+            pause(BACKOFF_S[attempt - 1] * random.uniform(0.5, 1.0))  # noqa: S311 - not a secret
         planned = planned_on(store, route, by=by, now=now, answers=answers, force=force, say=say,
                              restore=restore_once if restore is not None else None)
         try:

@@ -403,3 +403,33 @@ def test_a_revert_in_the_window_moves_the_registrys_stable_alias_back_and_eviden
     assert [row.split()[0] for row in rows] == ["1", str(promoted.generation), str(back.generation)], table
     assert f"version {version} ({promoted.stable.fingerprint[7:19]}), moved by" in rows[1]
     assert f"({old[7:19]}), moved by" in rows[2]
+
+
+@pytest.mark.timeout(1500)
+def test_a_window_whose_controller_died_keeps_the_old_stable_for_the_hold_then_it_is_reaped(
+    parts: Estate, tmp_path: Path
+) -> None:
+    # The defect: a controller that died inside the window never drained the old stable; nothing did.
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
+                             lease_renew_seconds=2, rollback_window_seconds=600)
+    with rollout(parts, tmp_path, "orphan", plan) as handle:
+        old = handle.current().stable
+        handle.start_flow()
+        wait_until(lambda: "decided: promoted" in handle.flow_log(), LOAD_S, "the promotion decided")
+        assert handle.process is not None
+        os.kill(handle.process.pid, signal.SIGKILL)  # inside the window
+        handle.process.wait(30)
+        promoted = handle.current()
+        gc = ["gc", "--routes", handle.spec.route_store, "--worker", parts.worker_url, "--token-file",
+              str(parts.token), "--grace-s", "0", "--drain-grace-s", "5"]
+
+        held = revgate(*gc)  # the default hold is the plans' default window: a rollback may still want it
+        assert held.returncode == 0 and held.stdout.startswith("nothing to reap"), held.stdout
+        assert "ready" in parts.states(old.fingerprint)
+
+        reaped = revgate(*gc, "--hold-s", "0")  # as once the window would have ended
+        assert reaped.returncode == 0, reaped.stderr
+        assert reaped.stdout.startswith("reap ") and f"({old.fingerprint[7:19]})" in reaped.stdout, reaped.stdout
+        wait_until(lambda: "ready" not in parts.states(old.fingerprint), 120, "the old stable reaped")
+        assert "ready" in parts.states(promoted.stable.fingerprint)  # what the route serves stays
+    assert handle.traffic.failed() == [], handle.traffic.failed()[:3]
