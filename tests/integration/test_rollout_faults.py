@@ -51,6 +51,12 @@ def evidence_run(handle: Rollout) -> Any:
     return client.search_runs([experiment.experiment_id])[0]
 
 
+def half_then_promote(window_s: int, renew_s: int = 2) -> RolloutPlan:
+    """Half the traffic on the candidate for a moment, then promotion, then a rollback window of ``window_s``."""
+    return RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
+                             lease_renew_seconds=renew_s, rollback_window_seconds=window_s)
+
+
 def evidence_file(handle: Rollout, name: str) -> str:
     """One evidence document of the route's newest run, as stored."""
     stored = EvidenceLedger(handle.spec.tracking_uri, handle.folder / "artifacts").evidence_files(
@@ -300,8 +306,7 @@ def callers_own_failure(router_url: str, kind: str) -> int:
 def test_callers_own_deadlines_and_bad_requests_in_the_window_revert_nothing(parts: Estate, tmp_path: Path) -> None:
     # The defect: the window counted every error and timeout of the promoted revision, callers' 4xx
     # answers and their own shorter deadlines included, and reverted at 5% of 20 requests.
-    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
-                             lease_renew_seconds=2, rollback_window_seconds=40)
+    plan = half_then_promote(window_s=40)
     with rollout(parts, tmp_path, "window", plan) as handle:
         handle.start_flow()
         wait_until(lambda: handle.current().stable.fingerprint != handle.history()[0].stable.fingerprint, LOAD_S,
@@ -327,8 +332,7 @@ def test_a_rollback_after_the_window_starts_the_old_stable_and_moves_the_route_o
     # stable endpoints were dead. Now it starts the revision's replicas first and commits only then.
     from tests.integration.test_deployment_rollout import site_of
 
-    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
-                             lease_renew_seconds=2, rollback_window_seconds=0)
+    plan = half_then_promote(window_s=0)
     with rollout(parts, tmp_path, "restore", plan) as handle:
         old = handle.current().stable
         handle.start_flow()
@@ -367,8 +371,7 @@ def test_a_revert_in_the_window_moves_the_registrys_stable_alias_back_and_eviden
     parts: Estate, tmp_path: Path
 ) -> None:
     # The defect: the version's page and the stable alias still said "promoted" after the window reverted.
-    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
-                             lease_renew_seconds=1, rollback_window_seconds=300)
+    plan = half_then_promote(window_s=300, renew_s=1)
     with rollout(parts, tmp_path, "revert", plan) as handle:
         old = handle.current().stable.fingerprint
         handle.start_flow()
@@ -410,8 +413,7 @@ def test_a_window_whose_controller_died_keeps_the_old_stable_for_the_hold_then_i
     parts: Estate, tmp_path: Path
 ) -> None:
     # The defect: a controller that died inside the window never drained the old stable; nothing did.
-    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=20,
-                             lease_renew_seconds=2, rollback_window_seconds=600)
+    plan = half_then_promote(window_s=600)
     with rollout(parts, tmp_path, "orphan", plan) as handle:
         old = handle.current().stable
         handle.start_flow()
