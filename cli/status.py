@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,6 +35,7 @@ from manifests.route import RouteNotFound, RouteSnapshot
 EXIT_STABLE, EXIT_ROLLOUT, EXIT_DEGRADED, EXIT_BAD = 0, 1, 2, 3
 UNREACHABLE = "unreachable"
 SCHEMA = "revgate/status/v1"
+OPEN_UNTIL = "open until "  # a rollback window's tag while its controller watches (flows/promote.py)
 PPM = 1_000_000
 
 
@@ -220,11 +222,25 @@ def render(status: RouteStatus) -> str:
     return "\n".join(lines)
 
 
+def window_line(window: str, now: datetime) -> str:
+    """The rollback window as the run's tag says, and whether an open one is past its end: its controller
+    died inside it (nothing closes the tag then; `revgate gc` reaps the old stable after its hold)."""
+    if not window.startswith(OPEN_UNTIL):
+        return window
+    try:
+        ends = datetime.fromisoformat(window.removeprefix(OPEN_UNTIL))
+    except ValueError:
+        return window
+    if ends >= now:
+        return window
+    return f"{window}: past, and no controller closed it (it died inside the window)"
+
+
 def _render_links(links: RunLinks) -> list[str]:
     lines = [f"mlflow run  {links.run_id or links.mlflow}" + (f"  {links.run_url}" if links.run_url else "")
              + (f"  decision {links.decision}" if links.decision else "")]
     if links.window:
-        lines.append(f"window      {links.window}")
+        lines.append(f"window      {window_line(links.window, datetime.now(UTC))}")
     lines.append(f"prefect run {links.flow_run_id or '-'}  {links.prefect}"
                  + (f"  {links.flow_run_url}" if links.flow_run_url else ""))
     gates = links.gates

@@ -83,3 +83,15 @@ def test_reading_a_status_never_creates_the_tracking_store(tmp_path: Path) -> No
     store = tmp_path / "mlflow.db"
     links = read_links("chat", f"sqlite:///{store}", "", "", 1.0)
     assert links.mlflow == "none" and not store.exists()
+
+
+def test_a_window_past_its_end_and_still_open_says_its_controller_is_gone() -> None:
+    from datetime import UTC, datetime
+
+    from cli.status import window_line
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    assert window_line("open until 2026-12-01T12:30:00+00:00", now) == "open until 2026-12-01T12:30:00+00:00"
+    assert window_line("open until 2026-12-01T11:30:00+00:00", now).endswith(
+        "past, and no controller closed it (it died inside the window)")
+    assert window_line("ended healthy: 40 requests", now) == "ended healthy: 40 requests"
