@@ -31,11 +31,11 @@ from typing import Any, NoReturn
 
 from manifests.errors import RevgateError
 from manifests.route import RouteNotFound, RouteSnapshot
+from promotion.window import OPEN_UNTIL, WINDOW_TAG
 
 EXIT_STABLE, EXIT_ROLLOUT, EXIT_DEGRADED, EXIT_BAD = 0, 1, 2, 3
 UNREACHABLE = "unreachable"
 SCHEMA = "revgate/status/v1"
-OPEN_UNTIL = "open until "  # a rollback window's tag while its controller watches (flows/promote.py)
 PPM = 1_000_000
 
 
@@ -323,7 +323,7 @@ def read_links(route: str, tracking_uri: str, mlflow_ui: str, prefect_api: str, 
     ui = prefect_api.rstrip("/").removesuffix("/api")
     return RunLinks(
         mlflow="found", run_id=run_id, decision=tags.get("revgate.decision", ""),
-        window=tags.get("revgate.rollback_window", ""),
+        window=tags.get(WINDOW_TAG, ""),
         run_url=f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}" if mlflow_ui else "",
         gates=gate_state(*report) if report else None, prefect=prefect, flow_run_id=flow_run_id,
         flow_run_url=f"{ui}/runs/flow-run/{flow_run_id}" if flow_run_id and prefect_api else "",

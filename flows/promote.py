@@ -60,7 +60,7 @@ from promotion.machine import (
 )
 from promotion.ownership import Takeover, decision_of, drainable, lease_end
 from promotion.routes import desired_route
-from promotion.window import WindowTally, WindowVerdict, tally, window_verdict
+from promotion.window import OPEN_UNTIL, WINDOW_TAG, WindowTally, WindowVerdict, tally, window_verdict
 from registry.auditor_view import IN_ROLLOUT
 from registry.follow import follow_route
 from registry.ledger import EvidenceLedger, EvidenceRun
@@ -508,7 +508,6 @@ class Promotion:
         return revert_to(current, self.before, by=self.spec.created_by, now=datetime.now(UTC))
 
 
-WINDOW_TAG = "revgate.rollback_window"  # open until T, then how it ended: on the run, for `revgate status`
 DECIDED = "decided: "  # the log line a follower returns at, before the rollback window ends
 
 
@@ -655,7 +654,7 @@ class Rollout:
         if seconds <= 0:
             return
         until = (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="seconds")
-        self.ledger.tag(run, WINDOW_TAG, f"open until {until}")
+        self.ledger.tag(run, WINDOW_TAG, f"{OPEN_UNTIL}{until}")
         get_run_logger().info("%s%s; the rollback window watches until %s (revgate status shows how it ends)",
                               DECIDED, "promoted", until)
 
@@ -678,8 +677,12 @@ class Rollout:
         generation = self.driver.owner.generation if self.driver is not None else 0
         ledger.drop_alias(model, "candidate", by=self.spec.created_by, generation=generation)
         self.recorded = decision
+        self._follow_route()
+
+    def _follow_route(self) -> None:
+        """The registry's ``stable`` alias onto what the route serves now."""
         route = steps.current_route(self.spec)
-        get_run_logger().info("%s", follow_route(ledger, model, route).line())
+        get_run_logger().info("%s", follow_route(self.ledger, self.spec.model_name, route).line())
 
     def _record_takeover(self, run: EvidenceRun, taken: Takeover) -> None:
         """Another writer ended the rollout: say who and where, in the rollout's own evidence run."""
@@ -720,8 +723,7 @@ class Rollout:
             if decision != self.recorded:
                 self._record_decision(run, decision)
             else:
-                route = steps.current_route(self.spec)
-                get_run_logger().info("%s", follow_route(self.ledger, self.spec.model_name, route).line())
+                self._follow_route()
         except Exception:
             log.exception("the model registry could not follow route %s; `revgate evidence` names the gap",
                           self.spec.route)

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flows.site import RouteSite
+from flows.steps import start_spread
 from manifests.errors import RevgateError
 from manifests.revision import ServiceRevision
 from manifests.route import RouteSnapshot
-from promotion.fleet import AgentSlots, place_replicas
 from registry.runtime import engine_runtime
 from registry.store import open_store
 from serving.worker.client import WorkerClient
@@ -78,13 +78,11 @@ def restorer(settings: RouteSite, say: Say = print, timeout_s: float = 900) -> C
         token = Path(settings.worker_token_file).read_text(encoding="utf-8").strip()
         clients = {url.rstrip("/"): WorkerClient(url, token)
                    for url in dict.fromkeys((settings.worker_url, *settings.more_workers))}
-        agents = [AgentSlots(url, int(client.capacity().get("free_slots", 0))) for url, client in clients.items()]
         request = ReplicaRequest(revision=revision, store=settings.artifact_store,
                                  signature_policy=settings.signature, warm=settings.warm)
-        started = [(url, clients[url].start(request))
-                   for url in place_replicas(agents, max(1, len(planned.stable.endpoints)))]
         endpoints = []
-        for url, replica in started:
+        for replica in start_spread(clients.values(), request, max(1, len(planned.stable.endpoints))):
+            url = str(replica["worker_url"])
             say(f"  replica {replica['replica_id']} of {revision.name or revision.short} on {url}: "
                 "verifying, loading, warming")
             view = clients[url].wait_for(str(replica["replica_id"]), {"ready"}, timeout_s)

@@ -10,6 +10,7 @@ import json
 import logging
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +142,15 @@ def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: floa
 def start_candidates(spec: PromotionSpec, revision: ServiceRevision) -> list[dict[str, Any]]:
     """Start the plan's candidate replicas, spread over the fleet's agents; their views (state ``created``),
     each with the ``worker_url`` it runs on. They load in parallel, each on its own agent."""
-    clients = {client.url: client for client in fleet(spec)}
-    agents = [AgentSlots(url, int(client.capacity().get("free_slots", 0))) for url, client in clients.items()]
-    request = replica_request(spec, revision)
-    return [{**clients[url].start(request), "worker_url": url}
-            for url in place_replicas(agents, spec.plan.candidate_replicas)]
+    return start_spread(fleet(spec), replica_request(spec, revision), spec.plan.candidate_replicas)
+
+
+def start_spread(clients: Iterable[WorkerClient], request: ReplicaRequest, count: int) -> list[dict[str, Any]]:
+    """Start ``count`` replicas of the request's revision, the freest agents first (promotion.fleet); their
+    views (state ``created``), each with the ``worker_url`` it runs on."""
+    by_url = {client.url: client for client in clients}
+    agents = [AgentSlots(url, int(client.capacity().get("free_slots", 0))) for url, client in by_url.items()]
+    return [{**by_url[url].start(request), "worker_url": url} for url in place_replicas(agents, count)]
 
 
 def wait_ready(spec: PromotionSpec, replica: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:

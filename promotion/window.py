@@ -19,6 +19,8 @@ from evaluation.records import CALLER_DEADLINE, RequestRecord
 from manifests.rollout import PostPromotionCheck
 
 WindowOutcome = Literal["watching", "healthy", "fail"]
+WINDOW_TAG = "revgate.rollback_window"  # on the evidence run: "open until T", then how the window ended
+OPEN_UNTIL = "open until "
 
 
 @dataclass(frozen=True, slots=True)
