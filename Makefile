@@ -11,10 +11,10 @@ setup:
 	bash .ci/setup
 
 zoo: setup
-	$(PY) -m cli.main models make .cache/zoo
+	$(PY) -m revgate.cli.main models make .cache/zoo
 
 demo: setup
-	$(PY) -m cli.main demo
+	$(PY) -m revgate.cli.main demo
 
 test: setup
 	$(PY) -m pytest -q tests

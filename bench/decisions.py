@@ -52,7 +52,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one li
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from flows.demo import (  # noqa: E402
+from revgate.flows.demo import (  # noqa: E402
     AA_CANDIDATES,
     ROUTE,
     DemoRollout,
@@ -61,9 +61,9 @@ from flows.demo import (  # noqa: E402
     demo_policy,
     demo_session,
 )
-from flows.steps import pin  # noqa: E402
-from manifests.route import RouteSnapshot  # noqa: E402
-from registry.route_store import open_route_store  # noqa: E402
+from revgate.flows.steps import pin  # noqa: E402
+from revgate.manifests.route import RouteSnapshot  # noqa: E402
+from revgate.registry.route_store import open_route_store  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "decisions.json"
 STATE = ROOT / ".cache" / "bench" / "decisions"  # wiped at the start of each run, kept after it for its logs

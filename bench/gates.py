@@ -37,7 +37,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation import paired, sequential
+from revgate.evaluation import paired, sequential
 
 ALPHA = 0.05
 HORIZON = 2000

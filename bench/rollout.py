@@ -44,13 +44,13 @@ os.chdir(ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-from flows import processes  # noqa: E402
-from flows.promote import Promotion  # noqa: E402
-from manifests.rollout import Analyze, Bake, RolloutPlan, SetWeight  # noqa: E402
-from manifests.route import RevisionTarget  # noqa: E402
-from manifests.route_change import canary, successor  # noqa: E402
-from promotion.machine import GateDecided, StepApplied, advance  # noqa: E402
-from registry.ledger import EvidenceLedger  # noqa: E402
+from revgate.flows import processes  # noqa: E402
+from revgate.flows.promote import Promotion  # noqa: E402
+from revgate.manifests.rollout import Analyze, Bake, RolloutPlan, SetWeight  # noqa: E402
+from revgate.manifests.route import RevisionTarget  # noqa: E402
+from revgate.manifests.route_change import canary, successor  # noqa: E402
+from revgate.promotion.machine import GateDecided, StepApplied, advance  # noqa: E402
+from revgate.registry.ledger import EvidenceLedger  # noqa: E402
 from tests.integration.rollout_estate import Estate, OpenLoop, estate, rollout, wait_until  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "rollout.json"
@@ -119,10 +119,10 @@ def fail_to_stable(parts: Estate, folder: Path, replica_id: str, rate: float, re
 def rollback_figures(parts: Estate, folder: Path, replica_id: str, rate: float) -> dict[str, float]:
     """``revgate rollback``'s procedure after a promotion, timed to the first request the old stable serves:
     with the old stable still warm, then with it drained (its replica started, verified and warmed anew)."""
-    from flows.restore import restorer
-    from flows.site import ROUTE_ONLY, RouteSite
-    from rollback.land import land
-    from serving.worker.engine import answers_health
+    from revgate.flows.restore import restorer
+    from revgate.flows.site import ROUTE_ONLY, RouteSite
+    from revgate.rollback.land import land
+    from revgate.serving.worker.engine import answers_health
 
     view = parts.client.replica(replica_id)
     promoted = RevisionTarget(fingerprint=str(view["revision"]), endpoints=(str(view["endpoint"]),),
@@ -159,8 +159,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="open-loop requests per second (fail_to_stable_s)")
     parser.add_argument("--trigger-rate", type=float, default=1.5, help="open-loop requests per second (trigger)")
     args = parser.parse_args()
-    from zoo.build import make_zoo
-    from zoo.recipe import default_zoo
+    from revgate.zoo.build import make_zoo
+    from revgate.zoo.recipe import default_zoo
 
     zoo_dir = ROOT / ".cache" / "zoo"
     make_zoo(zoo_dir, default_zoo())

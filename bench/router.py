@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from serving.worker.engine import free_port
+from revgate.serving.worker.engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -258,7 +258,7 @@ http {{
 
 
 def route_snapshot(generation: int, stable: int, candidate: int) -> Any:
-    from manifests.route import RouteSnapshot
+    from revgate.manifests.route import RouteSnapshot
 
     now = datetime.now(UTC)
     return RouteSnapshot.build(
@@ -296,7 +296,7 @@ def swap_propagation(store: Any, admin_port: int, port: int, token: str, swaps: 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from registry.route_store import FileRouteStore
+    from revgate.registry.route_store import FileRouteStore
 
     workdir = Path(tempfile.mkdtemp(prefix="revgate-bench-router-"))
     upstream, candidate = free_port(), free_port()
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (workdir / "token").write_text(token)
         (workdir / "token").chmod(0o600)  # the router refuses a token file others can read
         port, admin = free_port(), free_port()
-        command = [sys.executable, "-m", "cli.main", "router", "--routes", str(workdir / "routes"), "--route",
+        command = [sys.executable, "-m", "revgate.cli.main", "router", "--routes", str(workdir / "routes"), "--route",
                    "bench", "--port", str(port), "--admin-port", str(admin), "--admin-token-file",
                    str(workdir / "token"), "--records", str(workdir / "records.jsonl")]
         with started(command, port, core=PROXY_CORE, log=workdir / "router.log") as router:

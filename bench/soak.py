@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.router import started, wait_for  # noqa: E402 - after the path set-up, as a script
-from serving.worker.engine import free_port  # noqa: E402
+from revgate.serving.worker.engine import free_port  # noqa: E402
 
 NAMES = ("alpha", "beta")
 FINGERPRINT = {"alpha": "sha256:" + "a" * 64, "beta": "sha256:" + "b" * 64}
@@ -231,7 +231,7 @@ async def client(port: int, tally: Tally, stop_at: float, pace_s: float) -> None
 # --- the run ------------------------------------------------------------------------------------
 
 def snapshot(generation: int, stable: str, ports: dict[str, int]) -> Any:
-    from manifests.route import RouteSnapshot
+    from revgate.manifests.route import RouteSnapshot
 
     return RouteSnapshot.build(
         route="soak", generation=generation, created_by="soak", created_at=datetime.now(UTC).isoformat(),
@@ -325,7 +325,7 @@ def main() -> None:
     if args.upstream:
         serve_upstream(args.upstream[0], int(args.upstream[1]))
         return
-    from registry.route_store import FileRouteStore
+    from revgate.registry.route_store import FileRouteStore
 
     workdir = Path(tempfile.mkdtemp(prefix="revgate-soak-"))
     ports = {name: free_port() for name in NAMES}
@@ -335,7 +335,8 @@ def main() -> None:
     (workdir / "token").write_text(token)
     (workdir / "token").chmod(0o600)
     port, admin = free_port(), free_port()
-    command = [sys.executable, "-m", "cli.main", "router", "--routes", str(workdir / "routes"), "--route", "soak",
+    command = [sys.executable, "-m", "revgate.cli.main",
+               "router", "--routes", str(workdir / "routes"), "--route", "soak",
                "--port", str(port), "--admin-port", str(admin), "--admin-token-file", str(workdir / "token"),
                "--records", str(workdir / "records.jsonl"), "--header-timeout", "2", "--idle-timeout", "5"]
     upstreams = [subprocess.Popen([sys.executable, __file__, "--upstream", name, str(ports[name])]) for name in NAMES]

@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from manifests.artifact import ArtifactManifest
-from registry.build import build_manifest
-from registry.signing import KeyPolicy, sign_with_key
-from registry.verify import verify_artifact
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.registry.build import build_manifest
+from revgate.registry.signing import KeyPolicy, sign_with_key
+from revgate.registry.verify import verify_artifact
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench" / "verify"

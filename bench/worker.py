@@ -42,17 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
-from manifests.worker import WarmProfile
-from registry.build import build_manifest
-from registry.runtime import engine_runtime
-from registry.signing import sign_with_key
-from registry.store import open_store
-from serving.worker.agent import served_model_name
-from serving.worker.auth import write_token
-from serving.worker.client import WorkerClient
-from serving.worker.engine import EngineProcess, engine_command, engine_env, engine_python, free_port
-from serving.worker.request import ReplicaRequest
+from revgate.manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
+from revgate.manifests.worker import WarmProfile
+from revgate.registry.build import build_manifest
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.signing import sign_with_key
+from revgate.registry.store import open_store
+from revgate.serving.worker.agent import served_model_name
+from revgate.serving.worker.auth import write_token
+from revgate.serving.worker.client import WorkerClient
+from revgate.serving.worker.engine import EngineProcess, engine_command, engine_env, engine_python, free_port
+from revgate.serving.worker.request import ReplicaRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "worker.json"
@@ -63,9 +63,9 @@ STEPS = ("fetch_s", "verify_s", "engine_start_s", "warm_s")
 MODEL_SCRIPT = """
 import json, sys
 from pathlib import Path
-from zoo.recipe import Architecture
-from zoo.train import new_model
-from zoo import tokenizer as t
+from revgate.zoo.recipe import Architecture
+from revgate.zoo.train import new_model
+from revgate.zoo import tokenizer as t
 out = Path(sys.argv[1]); out.mkdir(parents=True)
 new_model(Architecture(), 0).save_pretrained(out, safe_serialization=True)
 (out / 'tokenizer.json').write_bytes(t.tokenizer_json())
@@ -129,7 +129,7 @@ def start_worker(work: Path) -> tuple[subprocess.Popen[bytes], WorkerClient]:
     write_token(work / "token", token)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "worker", "--port", str(port), "--cache", str(work / "cache"),
+        [sys.executable, "-m", "revgate.cli.main", "worker", "--port", str(port), "--cache", str(work / "cache"),
          "--token-file", str(work / "token")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     client = WorkerClient(f"http://127.0.0.1:{port}", token)

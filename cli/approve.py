@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -39,9 +39,9 @@ def run_approve(args: argparse.Namespace) -> int:
                            fix="Set PREFECT_API_URL (or pass --prefect-api) to the server the paused run is on.")
     os.environ["PREFECT_API_URL"] = args.prefect_api  # before Prefect is imported: it reads its settings then
 
-    from flows.approval import SignedApproval, paused_form, send_answer
-    from manifests.rollout import ApprovalStatement
-    from registry.signing import sign_approval, signature_key_hint
+    from revgate.flows.approval import SignedApproval, paused_form, send_answer
+    from revgate.manifests.rollout import ApprovalStatement
+    from revgate.registry.signing import sign_approval, signature_key_hint
     approver = args.approver.strip()
     if not approver:
         raise RevgateError("--as names nobody", where="--as", fix="Give your name as the rollout plan lists it.")

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from manifests.artifact import ArtifactManifest
-from manifests.errors import ManifestInvalid
-from registry.hashing import Progress
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.errors import ManifestInvalid
+from revgate.registry.hashing import Progress
 
 # Registry modules (model_signing, sigstore, boto3) are imported inside handlers: `revgate --help` stays fast.
 
@@ -56,7 +56,7 @@ def _outside(model_dir: Path, output: Path) -> None:
 
 
 def _build(model_dir: Path, base: str | None, workers: int | None) -> ArtifactManifest:
-    from registry.build import build_manifest, total_bytes
+    from revgate.registry.build import build_manifest, total_bytes
 
     with progress_bar(total_bytes(model_dir), "hashing") as progress:
         return build_manifest(model_dir, base_artifact=base, workers=workers, progress=progress)
@@ -74,7 +74,7 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
 def _pinned_or_built(args: argparse.Namespace) -> ArtifactManifest:
     if args.manifest is None:
         return _build(args.dir, getattr(args, "base", None), args.workers)
-    from registry.verify import check_tree
+    from revgate.registry.verify import check_tree
 
     manifest = _load_manifest(args.manifest)
     with progress_bar(manifest.total_size, "hashing") as progress:
@@ -85,7 +85,7 @@ def _pinned_or_built(args: argparse.Namespace) -> ArtifactManifest:
 
 def cmd_sign(args: argparse.Namespace) -> int:
     """revgate sign DIR --key KEY.pem [--cert C --chain CA] -o SIG"""
-    from registry.signing import sign_with_certificate, sign_with_key
+    from revgate.registry.signing import sign_with_certificate, sign_with_key
 
     _outside(args.dir, args.output)
     manifest = _pinned_or_built(args)
@@ -102,7 +102,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> Any:
-    from registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy
+    from revgate.registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy
 
     chosen = [bool(args.key), bool(args.chain), bool(args.identity or args.issuer)]
     if sum(chosen) != 1 or (args.identity is None) != (args.issuer is None):
@@ -117,8 +117,8 @@ def _policy(args: argparse.Namespace) -> Any:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """revgate verify DIR --signature SIG (--key PUB | --chain CA | --identity ID --issuer URL) [--manifest M]"""
-    from registry.build import total_bytes
-    from registry.verify import verify_artifact, verify_signed_folder
+    from revgate.registry.build import total_bytes
+    from revgate.registry.verify import verify_artifact, verify_signed_folder
 
     policy = _policy(args)
     with progress_bar(total_bytes(args.dir), "verifying") as progress:
@@ -134,7 +134,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_push(args: argparse.Namespace) -> int:
     """revgate push DIR STORE_URL [--signature SIG] [--manifest M]"""
-    from registry.store import open_store
+    from revgate.registry.store import open_store
 
     manifest = _pinned_or_built(args)
     store = open_store(args.store, endpoint_url=args.endpoint_url)
@@ -146,7 +146,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """revgate pull MANIFEST_DIGEST STORE_URL DEST [--signature-out SIG]"""
-    from registry.store import open_store
+    from revgate.registry.store import open_store
 
     store = open_store(args.store, endpoint_url=args.endpoint_url)
     manifest = store.get_manifest(args.digest)

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Build, sign, publish, serve, route and promote; see flows/demo.py."""
-    from flows.demo import run_demo as demo
+    from revgate.flows.demo import run_demo as demo
 
     return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval, zoo_scale=args.zoo_scale,
                 stay_up=not args.exit)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 EXIT_BY_OUTCOME = {"pass": 0, "fail": 1, "inconclusive": 3}
 
@@ -73,7 +73,7 @@ def _mix(items: list[str]) -> dict[str, float]:
 
 def run_trace(args: argparse.Namespace) -> int:
     """Generate and write a trace."""
-    from evaluation.traces import generate_trace, write_trace
+    from revgate.evaluation.traces import generate_trace, write_trace
 
     entries = generate_trace(
         args.requests,
@@ -107,9 +107,9 @@ def run_replay(args: argparse.Namespace) -> int:
     """Replay open-loop with a progress bar, write records, print the summary."""
     from tqdm import tqdm
 
-    from evaluation.evidence import write_records
-    from evaluation.replay import replay
-    from evaluation.traces import read_trace
+    from revgate.evaluation.evidence import write_records
+    from revgate.evaluation.replay import replay
+    from revgate.evaluation.traces import read_trace
 
     entries = read_trace(args.trace)
     model = args.model or _served_model(args.target)
@@ -128,7 +128,7 @@ def print_summary(records: Any, lateness_s: Any, wall_s: float) -> None:
     """Outcome rates, latency quantiles and the generator's own lateness."""
     import numpy as np
 
-    from evaluation.metrics import summarize
+    from revgate.evaluation.metrics import summarize
 
     summary = summarize(records)
     late = np.asarray(lateness_s, dtype=float) * 1000.0
@@ -142,9 +142,9 @@ def print_summary(records: Any, lateness_s: Any, wall_s: float) -> None:
 
 def run_gate(args: argparse.Namespace) -> int:
     """Judge the records and print the report; exit 0 pass, 1 fail, 3 inconclusive."""
-    from evaluation import evidence as ev
-    from evaluation.gates import gates_from_policy, judge
-    from manifests.gates import GatePolicy
+    from revgate.evaluation import evidence as ev
+    from revgate.evaluation.gates import gates_from_policy, judge
+    from revgate.manifests.gates import GatePolicy
 
     try:
         policy = GatePolicy.from_json(args.policy.read_bytes(), source=str(args.policy))
@@ -170,8 +170,8 @@ def run_gate(args: argparse.Namespace) -> int:
 
 def _grader(args: argparse.Namespace) -> Any:
     """The grader named on the command line; the judge needs its URL and a readable rubric."""
-    from evaluation import evidence as ev
-    from evaluation import graders
+    from revgate.evaluation import evidence as ev
+    from revgate.evaluation import graders
 
     if args.grader != "judge":
         return ev.GRADERS[args.grader]
@@ -205,8 +205,8 @@ def render_report(report: Any) -> str:
 
 def write_plots(evidence: Any, policy: Any, folder: Path) -> None:
     """Quality per slice, latency CDFs, and each slice's sequential statistic."""
-    from evaluation import plots
-    from evaluation.gates import scores_by_slice
+    from revgate.evaluation import plots
+    from revgate.evaluation.gates import scores_by_slice
 
     folder.mkdir(parents=True, exist_ok=True)
     plots.quality_per_slice(evidence, policy, folder / "quality-per-slice.png")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 EXIT_ALTERED = 4
 EXIT_REGISTRY_DISAGREES = 5
@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run_evidence(args: argparse.Namespace) -> int:
     """Print the audit; exit 0 when intact, 4 when a document was altered or lost or an approval's signature
     does not verify."""
-    from registry.audit import audit_json, render
-    from registry.ledger import EvidenceLedger
+    from revgate.registry.audit import audit_json, render
+    from revgate.registry.ledger import EvidenceLedger
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per document otherwise
 
@@ -77,8 +77,8 @@ def run_evidence(args: argparse.Namespace) -> int:
 
 def route_beside_registry(ledger: Any, model: str, routes: str, route: str) -> tuple[str, str | None]:
     """The route's stable changes beside the alias's moves, and why they disagree now (None when they agree)."""
-    from registry.follow import disagreement, side_by_side, stable_changes
-    from registry.route_store import open_route_store
+    from revgate.registry.follow import disagreement, side_by_side, stable_changes
+    from revgate.registry.route_store import open_route_store
 
     store = open_route_store(routes)
     changes = stable_changes(store.back(route))

@@ -39,9 +39,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run_gc(args: argparse.Namespace) -> int:
     """List the left-over replicas with their reasons and drain them (unless --dry-run)."""
-    from registry.route_store import open_route_store
-    from rollback.reap import reapable, retired
-    from serving.worker.client import WorkerClient
+    from revgate.registry.route_store import open_route_store
+    from revgate.rollback.reap import reapable, retired
+    from revgate.serving.worker.client import WorkerClient
 
     token = args.token_file.read_text(encoding="utf-8").strip()
     now = datetime.now(UTC)

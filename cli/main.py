@@ -11,22 +11,22 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 # Each module defines ``register(subparsers)`` and sets ``func`` on its parsers.
 COMMAND_MODULES = (
-    "cli.artifacts",
-    "cli.models",
-    "cli.worker",
-    "cli.routes",
-    "cli.status",
-    "cli.rollout",
-    "cli.gc",
-    "cli.promote",
-    "cli.evidence",
-    "cli.approve",
-    "cli.evaluate",
-    "cli.demo",
+    "revgate.cli.artifacts",
+    "revgate.cli.models",
+    "revgate.cli.worker",
+    "revgate.cli.routes",
+    "revgate.cli.status",
+    "revgate.cli.rollout",
+    "revgate.cli.gc",
+    "revgate.cli.promote",
+    "revgate.cli.evidence",
+    "revgate.cli.approve",
+    "revgate.cli.evaluate",
+    "revgate.cli.demo",
 )
 
 

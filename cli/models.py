@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def _make(args: argparse.Namespace) -> int:
     # Imported here: torch loads only when a models command runs, so `revgate --help` stays fast.
-    from zoo.build import make_zoo
-    from zoo.recipe import default_zoo
+    from revgate.zoo.build import make_zoo
+    from revgate.zoo.recipe import default_zoo
 
     revisions = make_zoo(args.out_dir, default_zoo(args.scale))
     for revision in revisions.values():
@@ -41,7 +41,7 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from zoo.evaluate import evaluate_zoo, markdown_table
+    from revgate.zoo.evaluate import evaluate_zoo, markdown_table
 
     reports = evaluate_zoo(args.zoo_dir, args.per_slice, args.revision)
     if args.markdown:

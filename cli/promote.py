@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flows.site import RouteSite
-    from flows.submit import RunEnd
+    from revgate.flows.site import RouteSite
+    from revgate.flows.submit import RunEnd
 
 VIEW_EVERY_S = 5.0  # how often the route's view is read while a run is followed
 
@@ -65,8 +65,8 @@ def run_promote(args: argparse.Namespace) -> int:
 
 def run_spec(path: Path) -> int:
     """Run the flow for a whole spec against the Prefect API in PREFECT_API_URL; 0 when promoted, 3 otherwise."""
-    from flows.promote import promote_revision
-    from flows.spec import PromotionSpec
+    from revgate.flows.promote import promote_revision
+    from revgate.flows.spec import PromotionSpec
 
     spec = PromotionSpec.model_validate_json(path.read_text(encoding="utf-8"))
     decision = promote_revision(spec)
@@ -77,7 +77,7 @@ def run_spec(path: Path) -> int:
 def run_deployment(parameters: dict[str, str], *, follow: bool, wait_window: bool = False) -> int:
     """Submit the run through the Prefect API and follow it to its decision (or its end, ``wait_window``),
     printing each state change."""
-    from flows.submit import PROMOTE, follow_run, run_url, submit
+    from revgate.flows.submit import PROMOTE, follow_run, run_url, submit
 
     run = submit(PROMOTE, parameters)
     print(f"flow run {run.name} ({run.id}) submitted to {PROMOTE}: {run_url(str(run.id))}", flush=True)
@@ -113,7 +113,7 @@ class RouteView:
         self.read_at = 0.0
 
     def __call__(self) -> None:
-        from cli.status import gather, render
+        from revgate.cli.status import gather, render
 
         if time.monotonic() - self.read_at < VIEW_EVERY_S:
             return
@@ -131,7 +131,7 @@ def route_view(route: str) -> RouteView | None:
     """While a run is followed, the route's view; None when this host cannot read its site configuration
     (following the run never depends on the view)."""
     try:
-        from flows.site import load_site, site_path
+        from revgate.flows.site import load_site, site_path
 
         settings = load_site(site_path()).routes[route]
     except Exception:  # no site configuration here: the run's states alone
@@ -141,9 +141,9 @@ def route_view(route: str) -> RouteView | None:
 
 def run_local(parameters: dict[str, str], site: str) -> int:
     """Run the deployment's flow in this process (still reporting to the Prefect API)."""
-    from flows.deployment import promote
-    from flows.site import SITE_ENV
-    from flows.submit import state_end
+    from revgate.flows.deployment import promote
+    from revgate.flows.site import SITE_ENV
+    from revgate.flows.submit import state_end
 
     if site:
         os.environ[SITE_ENV] = site
@@ -165,7 +165,7 @@ def finish(end: RunEnd) -> int:
 
 def run_deploy(args: argparse.Namespace) -> int:
     """Create the work pool if missing and apply prefect.yaml's deployments."""
-    from flows.submit import PROMOTE, ROLLBACK, WORK_POOL, deploy, ensure_work_pool
+    from revgate.flows.submit import PROMOTE, ROLLBACK, WORK_POOL, deploy, ensure_work_pool
 
     created = ensure_work_pool()
     print(f"work pool {WORK_POOL}: {'created' if created else 'exists'} (process)")

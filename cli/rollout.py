@@ -49,9 +49,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def run_rollback(args: argparse.Namespace) -> int:
     """Plan and commit the rollback snapshot; print what changed."""
-    from registry.route_store import open_route_store
-    from rollback.land import land, planned_on
-    from serving.worker.engine import answers_health
+    from revgate.registry.route_store import open_route_store
+    from revgate.rollback.land import land, planned_on
+    from revgate.serving.worker.engine import answers_health
 
     store = open_route_store(args.routes)
     by = args.created_by or f"{getpass.getuser()} (revgate rollback)"
@@ -67,7 +67,7 @@ def run_rollback(args: argparse.Namespace) -> int:
     for url in routers_to_notify(args.notify):
         print(f"  router {url}: {notify_router(url, token)}")
     if args.tracking_uri:
-        from registry.follow import follow_in_ledger
+        from revgate.registry.follow import follow_in_ledger
 
         print(f"  {follow_in_ledger(args.tracking_uri, args.model or args.route, planned)}")
     return 0
@@ -76,13 +76,13 @@ def run_rollback(args: argparse.Namespace) -> int:
 def site_restorer(site: str, route: str) -> Any:
     """Starting the revision's replicas through the route's agents, when a site configuration names them; None
     without one (the rollback then needs replicas that answer: it stays free of Prefect and MLflow)."""
-    from flows.site import SITE_ENV
+    from revgate.flows.site import SITE_ENV
 
     path = site or os.environ.get(SITE_ENV, "")
     if not path:
         return None
-    from flows.restore import restorer
-    from flows.site import load_site
+    from revgate.flows.restore import restorer
+    from revgate.flows.site import load_site
 
     settings = load_site(Path(path)).routes.get(route)
     return None if settings is None else restorer(settings, lambda line: print(line, flush=True))

@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from manifests.errors import RevgateError
-from manifests.route import RouteNotFound, RouteSnapshot, RouteStore
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.route import RouteNotFound, RouteSnapshot, RouteStore
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -100,7 +100,7 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> RouteStore:
-    from registry.route_store import open_route_store  # keep `revgate --help` fast
+    from revgate.registry.route_store import open_route_store  # keep `revgate --help` fast
 
     return open_route_store(args.routes)
 
@@ -182,9 +182,9 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from serving.admin_token import load_admin_token  # data plane only here
-    from serving.router.limits import Limits
-    from serving.router.service import RouterConfig, check_config, run_router
+    from revgate.serving.admin_token import load_admin_token  # data plane only here
+    from revgate.serving.router.limits import Limits
+    from revgate.serving.router.service import RouterConfig, check_config, run_router
 
     token = load_admin_token(args.admin_token_file) if args.admin_token_file else None
     given = {name: getattr(args, flag) for name, flag in _LIMIT_FLAGS.items() if getattr(args, flag) is not None}

@@ -29,9 +29,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
-from manifests.errors import RevgateError
-from manifests.route import RouteNotFound, RouteSnapshot
-from promotion.window import OPEN_UNTIL, WINDOW_TAG
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.route import RouteNotFound, RouteSnapshot
+from revgate.promotion.window import OPEN_UNTIL, WINDOW_TAG
 
 EXIT_STABLE, EXIT_ROLLOUT, EXIT_DEGRADED, EXIT_BAD = 0, 1, 2, 3
 UNREACHABLE = "unreachable"
@@ -332,7 +332,7 @@ def read_links(route: str, tracking_uri: str, mlflow_ui: str, prefect_api: str, 
 
 def _missing_sqlite_store(tracking_uri: str) -> bool:
     """A ``sqlite:///PATH`` tracking store whose file does not exist yet (so no run is in it)."""
-    from registry.ledger import sqlite_file
+    from revgate.registry.ledger import sqlite_file
 
     database = sqlite_file(tracking_uri)
     return database is not None and not database.exists()
@@ -341,7 +341,7 @@ def _missing_sqlite_store(tracking_uri: str) -> bool:
 def _newest_run(route: str, tracking_uri: str) -> tuple[Any, tuple[str, Any] | None]:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # a server that is down answers at once
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    from registry.ledger import EvidenceLedger  # heavy: mlflow
+    from revgate.registry.ledger import EvidenceLedger  # heavy: mlflow
 
     ledger = EvidenceLedger(tracking_uri, Path("."))
     run = ledger.latest_run(route)
@@ -367,7 +367,7 @@ def _flow_run_state(prefect_api: str, flow_run_id: str, timeout_s: float) -> str
 
 def gather(args: argparse.Namespace) -> RouteStatus:
     """Read every part; RouteNotFound / RouteStoreUnavailable when the store cannot say (exit 3)."""
-    from registry.route_store import open_route_store  # keep `revgate --help` fast
+    from revgate.registry.route_store import open_route_store  # keep `revgate --help` fast
 
     snapshot = open_route_store(args.routes).read(args.route_name)
     if snapshot is None:

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from serving.worker.main import serve_worker
+from revgate.serving.worker.main import serve_worker
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:

@@ -6,10 +6,10 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from evaluation import graders, reference_task
-from evaluation.gates import Evidence
-from evaluation.records import RequestRecord
-from manifests.errors import RevgateError
+from revgate.evaluation import graders, reference_task
+from revgate.evaluation.gates import Evidence
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.errors import RevgateError
 
 
 class RecordsInvalid(RevgateError):

@@ -24,10 +24,10 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from evaluation import metrics, paired, sequential, slicing
-from evaluation.records import RequestRecord
-from manifests.canonical import sha256_digest
-from manifests.gates import (
+from revgate.evaluation import metrics, paired, sequential, slicing
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.canonical import sha256_digest
+from revgate.manifests.gates import (
     GatePolicy,
     GateReport,
     GateResult,

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 import jsonschema  # type: ignore[import-untyped]
 
-from evaluation.records import RequestRecord
-from manifests.errors import RevgateError
-from manifests.gates import PairedGrader
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.gates import PairedGrader
 
 REFUSAL = re.compile(
     r"\b(i can(?:'|no)t|i am unable|i'm unable|i won't|as an ai|i cannot help|i'm sorry, but)\b", re.IGNORECASE

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from evaluation.records import OUTCOMES, RequestRecord
-from manifests.gates import ArmVolume, LatencyMetric
+from revgate.evaluation.records import OUTCOMES, RequestRecord
+from revgate.manifests.gates import ArmVolume, LatencyMetric
 
 QUANTILES = (0.5, 0.9, 0.99)
 

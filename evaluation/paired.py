@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from evaluation import sequential
+from revgate.evaluation import sequential
 
 FloatArray = NDArray[np.float64]
 

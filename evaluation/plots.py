@@ -18,9 +18,9 @@ matplotlib.use("Agg")  # headless: figures are files for the evidence trail, nev
 import matplotlib.pyplot as plt
 import numpy as np
 
-from evaluation import metrics, sequential
-from evaluation.gates import ArmSeries, Evidence, QualityGate, scores_by_slice
-from manifests.gates import GatePolicy, LatencyMetric
+from revgate.evaluation import metrics, sequential
+from revgate.evaluation.gates import ArmSeries, Evidence, QualityGate, scores_by_slice
+from revgate.manifests.gates import GatePolicy, LatencyMetric
 
 
 def _save(figure: Any, path: Path) -> Path:

@@ -20,9 +20,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from evaluation import metrics, sequential
-from evaluation.records import RequestRecord
-from manifests.gates import GatePolicy, LatencyMetric
+from revgate.evaluation import metrics, sequential
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.gates import GatePolicy, LatencyMetric
 
 PATHS = 20_000  # simulated stages per figure: a rate's standard error below 0.3 points at 0.9
 MOST_SAMPLES = 200_000  # the largest horizon the search for a sufficient one will propose

@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from evaluation.records import Outcome, RequestRecord
-from evaluation.traces import TraceEntry
+from revgate.evaluation.records import Outcome, RequestRecord
+from revgate.evaluation.traces import TraceEntry
 
 REJECT_STATUS = (429, 503)
 

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
-from evaluation.confidence import bernoulli_confidence_sequence, mixture_rejects
+from revgate.evaluation.confidence import bernoulli_confidence_sequence, mixture_rejects
 
 __all__ = ["bernoulli_confidence_sequence", "mixture_rejects"]  # re-exported: the gates read them from here
 

@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from evaluation.records import RequestRecord
-from manifests.gates import PromptLength, SliceRule, Slicing
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.gates import PromptLength, SliceRule, Slicing
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from evaluation import reference_task
-from manifests.errors import RevgateError
+from revgate.evaluation import reference_task
+from revgate.manifests.errors import RevgateError
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 Arrivals = Literal["poisson", "bursty"]

@@ -28,9 +28,9 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from manifests.errors import RevgateError
-from manifests.rollout import ApprovalStatement, RolloutPlan
-from promotion.approval import (
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.rollout import ApprovalStatement, RolloutPlan
+from revgate.promotion.approval import (
     Answer,
     AnswerRefused,
     FormShown,
@@ -39,10 +39,10 @@ from promotion.approval import (
     allow_list_line,
     decide,
 )
-from promotion.machine import ApprovalGiven
-from registry.errors import UntrustedSigner
-from registry.ledger import EvidenceLedger, EvidenceRun
-from registry.signing import public_key_pem, signature_key_hint, verify_approval
+from revgate.promotion.machine import ApprovalGiven
+from revgate.registry.errors import UntrustedSigner
+from revgate.registry.ledger import EvidenceLedger, EvidenceRun
+from revgate.registry.signing import public_key_pem, signature_key_hint, verify_approval
 
 # Evidence names of answers that counted for nothing, numbered per kind (``approval-of-other-evidence-1``).
 REFUSED_EVIDENCE: dict[Refusal, str] = {

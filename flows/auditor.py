@@ -14,13 +14,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from evaluation import plots
-from evaluation.gates import Evidence, scores_by_slice
-from flows.spec import PromotionSpec
-from manifests.gates import GatePolicy, LatencyMetric
-from registry.audit import counted_approvals, parse_approval
-from registry.auditor_view import VersionFacts
-from registry.ledger import EvidenceLedger, EvidenceRun
+from revgate.evaluation import plots
+from revgate.evaluation.gates import Evidence, scores_by_slice
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.gates import GatePolicy, LatencyMetric
+from revgate.registry.audit import counted_approvals, parse_approval
+from revgate.registry.auditor_view import VersionFacts
+from revgate.registry.ledger import EvidenceLedger, EvidenceRun
 
 log = logging.getLogger(__name__)
 

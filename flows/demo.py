@@ -25,23 +25,23 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from evaluation.traces import generate_trace, write_trace
-from flows import processes
-from flows.spec import PromotionSpec
-from flows.steps import LIVE, router_admin, start_replica
-from manifests.gates import GatePolicy
-from manifests.revision import ExecutionConfig, InterfacePolicy, ServiceRevision
-from manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import successor
-from manifests.worker import WarmProfile
-from registry.build import build_manifest
-from registry.route_store import open_route_store
-from registry.runtime import engine_runtime
-from registry.signing import sign_with_key
-from registry.store import open_store
-from serving.worker.client import WorkerClient
-from serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from revgate.evaluation.traces import generate_trace, write_trace
+from revgate.flows import processes
+from revgate.flows.spec import PromotionSpec
+from revgate.flows.steps import LIVE, router_admin, start_replica
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.revision import ExecutionConfig, InterfacePolicy, ServiceRevision
+from revgate.manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import successor
+from revgate.manifests.worker import WarmProfile
+from revgate.registry.build import build_manifest
+from revgate.registry.route_store import open_route_store
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.signing import sign_with_key
+from revgate.registry.store import open_store
+from revgate.serving.worker.client import WorkerClient
+from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 
 ROUTE = "demo"
 EXECUTION = ExecutionConfig(dtype="float32", max_model_len=64, kv_cache_bytes=64 * 2**20, enforce_eager=True)
@@ -146,7 +146,7 @@ def user_traffic(router_url: str, folder: Path, rate: float = USER_RATE,
     trace = folder / "users.jsonl"
     folder.mkdir(parents=True, exist_ok=True)
     write_trace(generate_trace(int(rate * seconds), rate=rate, seed=11, labelled_fraction=0.0, mix=mix), trace)
-    argv = [sys.executable, "-m", "cli.main", "replay", str(trace), "--target", router_url.rstrip("/") + "/v1",
+    argv = [sys.executable, "-m", "revgate.cli.main", "replay", str(trace), "--target", router_url.rstrip("/") + "/v1",
             "--out", str(folder / "users-records.jsonl")]
     with (folder / "users.log").open("ab") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -339,8 +339,8 @@ def demo_session(root: Path, zoo_dir: Path, candidates: tuple[str, ...] = ("impr
                  *, users_s: float = 3600) -> Iterator[DemoSession]:
     """The demo's set-up, for as long as the block runs: the zoo, the signed revisions, a Prefect server, a worker
     agent with stable's replica on the route, a router, and ``users_s`` seconds of users' traffic through it."""
-    from zoo.build import make_zoo
-    from zoo.recipe import default_zoo
+    from revgate.zoo.build import make_zoo
+    from revgate.zoo.recipe import default_zoo
 
     zoo = make_zoo(zoo_dir, default_zoo(zoo_scale))
     key, public = signing_key(root / "keys")
@@ -418,7 +418,7 @@ def show_until_interrupted(session: DemoSession, done: DemoRollout) -> None:
 def promote_and_echo(spec_file: Path, env: Mapping[str, str], log: Path | None = None) -> tuple[int, str]:
     """``revgate promote SPEC`` with its output passed through (or appended to ``log``); its exit code and the
     flow run's page. A caller that stops early (an error, Ctrl-C) stops the promotion with it."""
-    process = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", str(spec_file)], env=dict(env),
+    process = subprocess.Popen([sys.executable, "-m", "revgate.cli.main", "promote", str(spec_file)], env=dict(env),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     run_page = ""

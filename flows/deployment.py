@@ -18,18 +18,18 @@ from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
-from flows.promote import RolloutInProgress, promote_revision
-from flows.restore import restorer
-from flows.site import RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
-from flows.spec import PromotionSpec
-from flows.steps import router_admin
-from manifests.errors import RevgateError
-from registry.errors import ObjectMissing
-from registry.follow import follow_in_ledger
-from registry.route_store import open_route_store
-from registry.store import open_store
-from rollback.land import land
-from serving.worker.engine import answers_health
+from revgate.flows.promote import RolloutInProgress, promote_revision
+from revgate.flows.restore import restorer
+from revgate.flows.site import RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
+from revgate.flows.spec import PromotionSpec
+from revgate.flows.steps import router_admin
+from revgate.manifests.errors import RevgateError
+from revgate.registry.errors import ObjectMissing
+from revgate.registry.follow import follow_in_ledger
+from revgate.registry.route_store import open_route_store
+from revgate.registry.store import open_store
+from revgate.rollback.land import land
+from revgate.serving.worker.engine import answers_health
 
 DECISION = "decision: "  # a finished promotion's state message: "decision: promoted"
 REFUSED = "refused: "  # a promotion refused before it started: another rollout holds the route

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from evaluation.records import RequestRecord
-from evaluation.replay import replay
-from evaluation.traces import TraceEntry
-from registry.record_store import RecordReader, RecordStoreUnavailable, StageWindow, open_record_store
-from shadow.records import PairedRecord
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.replay import replay
+from revgate.evaluation.traces import TraceEntry
+from revgate.registry.record_store import RecordReader, RecordStoreUnavailable, StageWindow, open_record_store
+from revgate.shadow.records import PairedRecord
 
 OWN_TRAFFIC = re.compile(r"^step\d+-b\d+-")  # request ids of the rollout's replayed evidence (stage_batch)
 PROBE_LABEL, PROBE = "class", "probe"  # the declared request class of the flow's probe traffic

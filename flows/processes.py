@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from manifests.errors import RevgateError
-from serving.worker.engine import free_port
+from revgate.manifests.errors import RevgateError
+from revgate.serving.worker.engine import free_port
 
 
 class ServiceFailed(RevgateError):
@@ -119,7 +119,7 @@ def token_file(path: Path) -> Path:
 def worker_agent(cache: Path, token: Path) -> Iterator[str]:
     """A ``revgate worker`` on a free port; yields its URL."""
     port = free_port()
-    argv = [sys.executable, "-m", "cli.main", "worker", "--port", str(port), "--cache", str(cache),
+    argv = [sys.executable, "-m", "revgate.cli.main", "worker", "--port", str(port), "--cache", str(cache),
             "--token-file", str(token)]
     with service(argv, f"http://127.0.0.1:{port}/healthz", cache / "worker.log"):
         yield f"http://127.0.0.1:{port}"
@@ -129,7 +129,8 @@ def worker_agent(cache: Path, token: Path) -> Iterator[str]:
 def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = "") -> Iterator[tuple[str, str]]:
     """A ``revgate router`` for ``route``, writing to the record sink ``sink`` if given; its public and admin URLs."""
     port, admin = free_port(), free_port()
-    argv = [sys.executable, "-m", "cli.main", "router", "--routes", routes, "--route", route, "--port", str(port),
+    argv = [sys.executable, "-m", "revgate.cli.main",
+            "router", "--routes", routes, "--route", route, "--port", str(port),
             "--admin-port", str(admin), "--admin-token-file", str(token), "--records", str(folder / "records.jsonl"),
             "--paired-records", str(folder / "paired.jsonl"), "--record-outputs", "--poll-interval", "0.5"]
     if sink:

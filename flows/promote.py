@@ -29,24 +29,24 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
-from evaluation.evidence import build_evidence
-from evaluation.gates import gates_from_policy, judge
-from evaluation.gates import settled as stage_settled
-from evaluation.graders import JudgeEndpoint, answer_pairs, exact_match, grade_pairs, pair_graders
-from evaluation.records import RequestRecord
-from evaluation.traces import TraceEntry, read_trace
-from flows import approval, evidence, sizing, steps
-from flows.auditor import log_stage_plots, plot_stage, version_facts
-from flows.report import report_markdown, slice_rows
-from flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
-from flows.sizing import Measured
-from flows.spec import PromotionSpec
-from manifests.errors import RevgateError
-from manifests.gates import GateReport
-from manifests.revision import ServiceRevision
-from manifests.rollout import Analyze, Approve, Bake
-from manifests.route import PPM, RevisionTarget, RouteSnapshot
-from promotion.machine import (
+from revgate.evaluation.evidence import build_evidence
+from revgate.evaluation.gates import gates_from_policy, judge
+from revgate.evaluation.gates import settled as stage_settled
+from revgate.evaluation.graders import JudgeEndpoint, answer_pairs, exact_match, grade_pairs, pair_graders
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.traces import TraceEntry, read_trace
+from revgate.flows import approval, evidence, sizing, steps
+from revgate.flows.auditor import log_stage_plots, plot_stage, version_facts
+from revgate.flows.report import report_markdown, slice_rows
+from revgate.flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
+from revgate.flows.sizing import Measured
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.gates import GateReport
+from revgate.manifests.revision import ServiceRevision
+from revgate.manifests.rollout import Analyze, Approve, Bake
+from revgate.manifests.route import PPM, RevisionTarget, RouteSnapshot
+from revgate.promotion.machine import (
     TERMINAL,
     Abort,
     ApprovalGiven,
@@ -58,14 +58,14 @@ from promotion.machine import (
     resume,
     start,
 )
-from promotion.ownership import Takeover, decision_of, drainable, lease_end
-from promotion.routes import desired_route
-from promotion.window import OPEN_UNTIL, WINDOW_TAG, WindowTally, WindowVerdict, tally, window_verdict
-from registry.auditor_view import IN_ROLLOUT
-from registry.follow import follow_route
-from registry.ledger import EvidenceLedger, EvidenceRun
-from registry.record_store import StageWindow
-from rollback.plan import revert_to
+from revgate.promotion.ownership import Takeover, decision_of, drainable, lease_end
+from revgate.promotion.routes import desired_route
+from revgate.promotion.window import OPEN_UNTIL, WINDOW_TAG, WindowTally, WindowVerdict, tally, window_verdict
+from revgate.registry.auditor_view import IN_ROLLOUT
+from revgate.registry.follow import follow_route
+from revgate.registry.ledger import EvidenceLedger, EvidenceRun
+from revgate.registry.record_store import StageWindow
+from revgate.rollback.plan import revert_to
 
 log = logging.getLogger(__name__)
 

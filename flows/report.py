@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from manifests.gates import GateReport
+from revgate.manifests.gates import GateReport
 
 ICON = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE"}
 

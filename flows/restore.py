@@ -12,15 +12,15 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.site import RouteSite
-from flows.steps import start_spread
-from manifests.errors import RevgateError
-from manifests.revision import ServiceRevision
-from manifests.route import RouteSnapshot
-from registry.runtime import engine_runtime
-from registry.store import open_store
-from serving.worker.client import WorkerClient
-from serving.worker.request import ReplicaRequest
+from revgate.flows.site import RouteSite
+from revgate.flows.steps import start_spread
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.revision import ServiceRevision
+from revgate.manifests.route import RouteSnapshot
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.store import open_store
+from revgate.serving.worker.client import WorkerClient
+from revgate.serving.worker.request import ReplicaRequest
 
 Say = Callable[[str], None]
 
@@ -54,8 +54,8 @@ def revision_of(settings: RouteSite, fingerprint: str) -> ServiceRevision:
 def _from_ledger(settings: RouteSite, fingerprint: str) -> ServiceRevision | None:
     if not settings.tracking_uri:
         return None
-    from registry.follow import brief_registry_requests
-    from registry.ledger import EvidenceLedger
+    from revgate.registry.follow import brief_registry_requests
+    from revgate.registry.ledger import EvidenceLedger
 
     try:
         with brief_registry_requests():

@@ -15,12 +15,12 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from flows import steps
-from flows.spec import PromotionSpec
-from manifests.errors import RevgateError
-from manifests.route import RouteConflict, RouteSnapshot
-from promotion.ownership import Takeover, takeover
-from promotion.routes import renew_leases
+from revgate.flows import steps
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.route import RouteConflict, RouteSnapshot
+from revgate.promotion.ownership import Takeover, takeover
+from revgate.promotion.routes import renew_leases
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 5.0  # the cancel probe's time box per beat (never longer than the beat itself)

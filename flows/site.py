@@ -15,15 +15,15 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from flows.spec import PromotionSpec
-from manifests.document import describe_validation_error
-from manifests.errors import ManifestInvalid, RevgateError
-from manifests.gates import GatePolicy
-from manifests.jsonread import load_json
-from manifests.revision import ExecutionConfig, InterfacePolicy
-from manifests.rollout import RolloutPlan
-from manifests.worker import WarmProfile
-from serving.worker.request import SignaturePolicySpec
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.document import describe_validation_error
+from revgate.manifests.errors import ManifestInvalid, RevgateError
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.jsonread import load_json
+from revgate.manifests.revision import ExecutionConfig, InterfacePolicy
+from revgate.manifests.rollout import RolloutPlan
+from revgate.manifests.worker import WarmProfile
+from revgate.serving.worker.request import SignaturePolicySpec
 
 SITE_ENV = "REVGATE_SITE"
 DEFAULT_SITE = "revgate-site.json"

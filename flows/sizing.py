@@ -13,14 +13,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from evaluation import power
-from evaluation.gates import Evidence as GateEvidence
-from evaluation.gates import scores_by_slice, slice_function
-from evaluation.traces import TraceEntry
-from flows.spec import PromotionSpec
-from manifests.gates import GatePolicy
-from manifests.rollout import Analyze
-from manifests.route import PPM
+from revgate.evaluation import power
+from revgate.evaluation.gates import Evidence as GateEvidence
+from revgate.evaluation.gates import scores_by_slice, slice_function
+from revgate.evaluation.traces import TraceEntry
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.rollout import Analyze
+from revgate.manifests.route import PPM
 
 TARGET_WHEN_UNSET = 0.9  # the report's power line compares with this when the plan sets no target
 

@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from manifests.gates import GatePolicy
-from manifests.revision import ExecutionConfig, InterfacePolicy
-from manifests.rollout import RolloutPlan, default_plan
-from manifests.worker import WarmProfile
-from serving.worker.request import SignaturePolicySpec
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.revision import ExecutionConfig, InterfacePolicy
+from revgate.manifests.rollout import RolloutPlan, default_plan
+from revgate.manifests.worker import WarmProfile
+from revgate.serving.worker.request import SignaturePolicySpec
 
 
 class PromotionSpec(BaseModel):

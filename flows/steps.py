@@ -14,25 +14,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flows.evidence import live_arrivals
-from flows.spec import PromotionSpec
-from manifests.errors import RevgateError
-from manifests.revision import ServiceRevision
-from manifests.route import RevisionTarget, RouteSnapshot
-from promotion.capacity import (
+from revgate.flows.evidence import live_arrivals
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.revision import ServiceRevision
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.promotion.capacity import (
     CapacityCheck,
     check_capacity,
     observed_demand,
     revisions_from_report,
     stated_capacity,
 )
-from promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
-from registry.route_store import open_route_store
-from registry.runtime import engine_runtime
-from registry.store import open_store
-from serving.worker.artifact import ArtifactPreparer
-from serving.worker.client import WorkerClient
-from serving.worker.request import ReplicaRequest
+from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
+from revgate.registry.route_store import open_route_store
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.store import open_store
+from revgate.serving.worker.artifact import ArtifactPreparer
+from revgate.serving.worker.client import WorkerClient
+from revgate.serving.worker.request import ReplicaRequest
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
-from flows.deployment import DECISION, REFUSED
-from flows.promote import DECIDED
-from manifests.errors import RevgateError
+from revgate.flows.deployment import DECISION, REFUSED
+from revgate.flows.promote import DECIDED
+from revgate.manifests.errors import RevgateError
 
 WORK_POOL = "revgate"
 PROMOTE = "promote/promote-revision"  # flow name / deployment name, as prefect.yaml declares them

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from manifests.canonical import DIGEST, SHA256_HEX
-from manifests.document import API_VERSION, Document
-from manifests.paths import collision_problem, path_problem
+from revgate.manifests.canonical import DIGEST, SHA256_HEX
+from revgate.manifests.document import API_VERSION, Document
+from revgate.manifests.paths import collision_problem, path_problem
 
 
 class Role(StrEnum):

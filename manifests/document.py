@@ -6,9 +6,9 @@ from typing import Final, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from manifests.canonical import canonical_json, digest_of
-from manifests.errors import ManifestInvalid, NotCanonical
-from manifests.jsonread import load_json
+from revgate.manifests.canonical import canonical_json, digest_of
+from revgate.manifests.errors import ManifestInvalid, NotCanonical
+from revgate.manifests.jsonread import load_json
 
 API_VERSION: Final = "revgate/v1"
 

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
-from manifests.canonical import DIGEST, decimal_from_text
-from manifests.document import API_VERSION, Document
+from revgate.manifests.canonical import DIGEST, decimal_from_text
+from revgate.manifests.document import API_VERSION, Document
 
 Outcome = Literal["pass", "fail", "inconclusive"]
 LatencyMetric = Literal["ttft", "tpot", "e2e"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, NoReturn
 
-from manifests.errors import DuplicateKey, ManifestInvalid
+from revgate.manifests.errors import DuplicateKey, ManifestInvalid
 
 
 class _Refused(ValueError):

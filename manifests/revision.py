@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from manifests.artifact import ArtifactManifest
-from manifests.canonical import DIGEST, decimal_from_text, digest_of
-from manifests.document import API_VERSION, Document
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.canonical import DIGEST, decimal_from_text, digest_of
+from revgate.manifests.document import API_VERSION, Document
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 

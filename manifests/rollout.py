@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from manifests.document import API_VERSION, Document
-from manifests.gates import Fraction, OpenFraction
-from manifests.route import PPM
+from revgate.manifests.document import API_VERSION, Document
+from revgate.manifests.gates import Fraction, OpenFraction
+from revgate.manifests.route import PPM
 
 
 class Shadow(Document):

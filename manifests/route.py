@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from manifests.canonical import DIGEST
-from manifests.document import API_VERSION, Document
-from manifests.errors import RevgateError
+from revgate.manifests.canonical import DIGEST
+from revgate.manifests.document import API_VERSION, Document
+from revgate.manifests.errors import RevgateError
 
 PPM = 1_000_000
 ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")

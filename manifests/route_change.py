@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from manifests.route import CanaryTarget, RevisionTarget, RouteSnapshot, ShadowTarget
+from revgate.manifests.route import CanaryTarget, RevisionTarget, RouteSnapshot, ShadowTarget
 
 
 def successor(current: RouteSnapshot, *, by: str, now: datetime, **changes: Any) -> RouteSnapshot:

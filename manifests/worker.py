@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from manifests.document import API_VERSION, Document
-from manifests.errors import ManifestInvalid
+from revgate.manifests.document import API_VERSION, Document
+from revgate.manifests.errors import ManifestInvalid
 
 
 class WarmProfile(Document):

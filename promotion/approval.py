@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from manifests.rollout import ApprovalStatement
-from promotion.machine import ApprovalGiven
+from revgate.manifests.rollout import ApprovalStatement
+from revgate.promotion.machine import ApprovalGiven
 
 Refusal = Literal["unnamed", "not-allowed", "other-evidence", "unsigned", "bad-signature", "wrong-key",
                   "other-statement"]

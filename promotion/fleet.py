@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from promotion.capacity import RevisionCapacity
+from revgate.promotion.capacity import RevisionCapacity
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from manifests.gates import Outcome
-from manifests.rollout import Analyze, Approve, Bake, RolloutPlan, RolloutStep, SetWeight, Shadow
+from revgate.manifests.gates import Outcome
+from revgate.manifests.rollout import Analyze, Approve, Bake, RolloutPlan, RolloutStep, SetWeight, Shadow
 
 Status = Literal["running", "awaiting_approval", "paused", "promoted", "rolled_back"]
 TERMINAL: frozenset[Status] = frozenset({"promoted", "rolled_back"})

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from manifests.route import RouteSnapshot
+from revgate.manifests.route import RouteSnapshot
 
 Decision = Literal["promoted", "rolled_back"]
 

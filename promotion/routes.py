@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import as_target, canary, mirror, same_traffic, successor
-from promotion.machine import RolloutState
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import as_target, canary, mirror, same_traffic, successor
+from revgate.promotion.machine import RolloutState
 
 
 def desired_route(

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from evaluation.confidence import bernoulli_confidence_sequence
-from evaluation.records import CALLER_DEADLINE, RequestRecord
-from manifests.rollout import PostPromotionCheck
+from revgate.evaluation.confidence import bernoulli_confidence_sequence
+from revgate.evaluation.records import CALLER_DEADLINE, RequestRecord
+from revgate.manifests.rollout import PostPromotionCheck
 
 WindowOutcome = Literal["watching", "healthy", "fail"]
 WINDOW_TAG = "revgate.rollback_window"  # on the evidence run: "open until T", then how the window ended

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from manifests.canonical import sha256_digest
+from revgate.manifests.canonical import sha256_digest
 
 DIGEST_TAG = "revgate.digest."
 STEP_TAG = "revgate.step."

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from manifests.gates import GateReport, GateResult
+from revgate.manifests.gates import GateReport, GateResult
 
 UNSAFE = re.compile(r"[^\w.\-/ ]")  # MLflow metric names allow word characters, '.', '-', '/', ' '
 INTERVAL = ("estimate", "lower", "upper")

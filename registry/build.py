@@ -7,10 +7,10 @@ import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 
-from manifests.artifact import ArtifactManifest, ManifestEntry, Role
-from manifests.errors import ManifestInvalid
-from registry.hashing import FileDigest, Progress, hash_tree
-from registry.tree import artifact_root, list_files
+from revgate.manifests.artifact import ArtifactManifest, ManifestEntry, Role
+from revgate.manifests.errors import ManifestInvalid
+from revgate.registry.hashing import FileDigest, Progress, hash_tree
+from revgate.registry.tree import artifact_root, list_files
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".msgpack", ".h5")
 _WEIGHT_INDEXES = (".safetensors.index.json", ".bin.index.json")

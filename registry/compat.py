@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manifests.artifact import ArtifactManifest, Role
-from manifests.revision import ExecutionConfig, InterfacePolicy
-from registry.errors import IncompatibleArtifact
+from revgate.manifests.artifact import ArtifactManifest, Role
+from revgate.manifests.revision import ExecutionConfig, InterfacePolicy
+from revgate.registry.errors import IncompatibleArtifact
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ loaded, published or renamed into place.
 
 from __future__ import annotations
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 
 class VerificationError(RevgateError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from manifests.route import RouteSnapshot
+from revgate.manifests.route import RouteSnapshot
 
 ROUTE_STATUS = "**Route now:**"  # the first line of a version's description, rewritten as the route moves
 
@@ -105,7 +105,7 @@ def follow_in_ledger(tracking_uri: str, model: str, route: RouteSnapshot) -> str
     """:func:`follow_route` on the ledger at ``tracking_uri``, after a rollback is committed: a line saying what
     it did, or why it could not (the rollback stands either way: the registry is the auditor's view)."""
     try:
-        from registry.ledger import EvidenceLedger
+        from revgate.registry.ledger import EvidenceLedger
 
         with brief_registry_requests():
             return follow_route(EvidenceLedger(tracking_uri, Path.cwd()), model, route).line()

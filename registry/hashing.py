@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.errors import MissingFile, UnsafePath
+from revgate.registry.errors import MissingFile, UnsafePath
 
 BUFFER_BYTES = 4 * 1024 * 1024
 

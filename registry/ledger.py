@@ -18,11 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from manifests.canonical import sha256_digest
-from manifests.document import Document
-from manifests.errors import RevgateError
-from manifests.gates import GateReport
-from registry.audit import (
+from revgate.manifests.canonical import sha256_digest
+from revgate.manifests.document import Document
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.gates import GateReport
+from revgate.registry.audit import (
     ApprovalRecord,
     RunEvidence,
     SignatureAudit,
@@ -35,7 +35,7 @@ from registry.audit import (
     report_for,
     statement_problem,
 )
-from registry.auditor_view import (
+from revgate.registry.auditor_view import (
     StageSummary,
     VersionFacts,
     stage_metrics,
@@ -194,7 +194,7 @@ class EvidenceLedger:
 
     def describe_version(self, model: str, version: str, facts: VersionFacts) -> None:
         """The version page's description and tags: decision, when, approver, signer, gates, the run's link."""
-        from registry.follow import ROUTE_STATUS, with_route_status
+        from revgate.registry.follow import ROUTE_STATUS, with_route_status
 
         description = version_description(facts)
         before = (self.client.get_model_version(model, version).description or "").splitlines()
@@ -300,7 +300,7 @@ class EvidenceLedger:
 
     def set_route_status(self, model: str, version: str, status: str, decision: str | None = None) -> None:
         """Rewrite the version page's route-status line (and its decision tag, when given)."""
-        from registry.follow import ROUTE_STATUS, with_route_status
+        from revgate.registry.follow import ROUTE_STATUS, with_route_status
 
         current = self.client.get_model_version(model, version)
         self.client.update_model_version(model, version, description=with_route_status(current.description, status))
@@ -403,7 +403,7 @@ def signature_audit(stored: Mapping[str, bytes], name: str, answer: Mapping[str,
     fingerprint = str((signer or {}).get("fingerprint", ""))
     if statement is None or bundle is None or signer is None:
         return SignatureAudit(fingerprint, False, "the statement, the signature or the signer's key is missing")
-    from registry.signing import verify_approval  # sigstore: only where a signed approval is audited
+    from revgate.registry.signing import verify_approval  # sigstore: only where a signed approval is audited
 
     try:
         verified = verify_approval(statement, bundle.decode("utf-8", "replace"), str(signer.get("public_key", "")))

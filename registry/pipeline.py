@@ -24,14 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifests.revision import RuntimeEnvironment, ServiceRevision
-from registry.compat import CPU_ENGINE, EngineCapabilities, check_compatibility
-from registry.durable import replace_file
-from registry.errors import ArtifactRefused, VerificationError
-from registry.signing import Policy
-from registry.store import open_store
-from registry.tree import served_path
-from registry.verify import VerifiedArtifact, verify_artifact
+from revgate.manifests.revision import RuntimeEnvironment, ServiceRevision
+from revgate.registry.compat import CPU_ENGINE, EngineCapabilities, check_compatibility
+from revgate.registry.durable import replace_file
+from revgate.registry.errors import ArtifactRefused, VerificationError
+from revgate.registry.signing import Policy
+from revgate.registry.store import open_store
+from revgate.registry.tree import served_path
+from revgate.registry.verify import VerifiedArtifact, verify_artifact
 
 
 @dataclass(frozen=True, slots=True)

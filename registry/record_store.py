@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from manifests.errors import RevgateError
-from registry.durable import replace_file
-from registry.route_store import check_route
+from revgate.manifests.errors import RevgateError
+from revgate.registry.durable import replace_file
+from revgate.registry.route_store import check_route
 
 KINDS = ("requests", "paired")
 Kind = Literal["requests", "paired"]

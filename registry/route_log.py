@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from manifests.errors import ManifestInvalid
-from manifests.route import RouteConflict, RouteSnapshot, check_successor
+from revgate.manifests.errors import ManifestInvalid
+from revgate.manifests.route import RouteConflict, RouteSnapshot, check_successor
 
 CURRENT = "current.json"
 HISTORY = "history"

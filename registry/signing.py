@@ -27,10 +27,10 @@ from sigstore import errors as sigstore_errors
 from sigstore import models as sigstore_models
 from sigstore import verify as sigstore_verify
 
-from manifests.artifact import ArtifactManifest
-from manifests.paths import path_problem
-from registry.durable import replace_file
-from registry.errors import SignatureInvalid, SigningError, UnsafePath, UntrustedSigner
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.paths import path_problem
+from revgate.registry.durable import replace_file
+from revgate.registry.errors import SignatureInvalid, SigningError, UnsafePath, UntrustedSigner
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
 
-from manifests.artifact import ArtifactManifest
-from manifests.canonical import DIGEST, sha256_digest
-from registry.durable import Writer, fsync_folder, link_once, write_temporary
-from registry.errors import DigestMismatch, ObjectCorrupt, ObjectExists, ObjectMissing, StoreError
-from registry.hashing import BUFFER_BYTES, Progress
-from registry.tree import artifact_root
-from registry.verify import check_tree
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.canonical import DIGEST, sha256_digest
+from revgate.registry.durable import Writer, fsync_folder, link_once, write_temporary
+from revgate.registry.errors import DigestMismatch, ObjectCorrupt, ObjectExists, ObjectMissing, StoreError
+from revgate.registry.hashing import BUFFER_BYTES, Progress
+from revgate.registry.tree import artifact_root
+from revgate.registry.verify import check_tree
 
 
 class Backend(Protocol):
@@ -313,7 +313,7 @@ def open_store(url: str, *, endpoint_url: str | None = None, **s3_options: Any) 
         match = _S3_URL.match(url)
         if not match:
             raise StoreError("malformed S3 URL", where=url, fix="Use s3://bucket/prefix.")
-        from registry.store_s3 import S3Backend  # deferred: only S3 users pay for importing boto3
+        from revgate.registry.store_s3 import S3Backend  # deferred: only S3 users pay for importing boto3
 
         return ArtifactStore(S3Backend(match["bucket"], match["prefix"] or "", endpoint_url=endpoint_url,
                                        **s3_options))

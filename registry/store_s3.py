@@ -15,8 +15,8 @@ import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from registry.errors import ObjectMissing, StoreError
-from registry.hashing import BUFFER_BYTES, Progress
+from revgate.registry.errors import ObjectMissing, StoreError
+from revgate.registry.hashing import BUFFER_BYTES, Progress
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 PART_BYTES = 16 * 1024 * 1024

@@ -6,9 +6,9 @@ import os
 import stat
 from pathlib import Path
 
-from manifests.artifact import ArtifactManifest, Role
-from manifests.paths import collision_problem, path_problem
-from registry.errors import UnsafePath
+from revgate.manifests.artifact import ArtifactManifest, Role
+from revgate.manifests.paths import collision_problem, path_problem
+from revgate.registry.errors import UnsafePath
 
 _FIX = "Artifacts hold regular files only: replace symlinks with the files they point to, remove the rest."
 

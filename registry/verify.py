@@ -12,11 +12,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifests.artifact import ArtifactManifest
-from registry.errors import DigestMismatch, ManifestMismatch, MissingFile, UnexpectedFile
-from registry.hashing import Progress, hash_tree
-from registry.signing import SINGLE_FILE, Policy, read_signed_files
-from registry.tree import artifact_root, list_files
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.registry.errors import DigestMismatch, ManifestMismatch, MissingFile, UnexpectedFile
+from revgate.registry.hashing import Progress, hash_tree
+from revgate.registry.signing import SINGLE_FILE, Policy, read_signed_files
+from revgate.registry.tree import artifact_root, list_files
 
 
 @dataclass(frozen=True)

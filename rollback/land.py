@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from manifests.route import RouteConflict, RouteSnapshot, RouteStore
-from rollback.plan import on_live_endpoints, plan_rollback, serving_on
+from revgate.manifests.route import RouteConflict, RouteSnapshot, RouteStore
+from revgate.rollback.plan import on_live_endpoints, plan_rollback, serving_on
 
 CONFLICT_ATTEMPTS = 5  # planned again on top of a concurrent write (a live heartbeat's), this many times at most
 BACKOFF_S = (0.0, 0.05, 0.1, 0.2, 0.4)  # before each attempt: bounded, and short next to any lease renewal

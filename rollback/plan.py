@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from manifests.errors import RevgateError
-from manifests.route import RouteSnapshot
-from manifests.route_change import as_target, successor
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.route import RouteSnapshot
+from revgate.manifests.route_change import as_target, successor
 
 
 class NothingToRollBack(RevgateError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from manifests.route import RouteSnapshot
+from revgate.manifests.route import RouteSnapshot
 
 GONE = frozenset({"draining", "terminated", "failed"})  # nothing to reap: on its way out, or out
 

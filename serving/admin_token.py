@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.token_file import TokenFileInvalid, bearer_matches, load_token
+from revgate.serving.token_file import TokenFileInvalid, bearer_matches, load_token
 
 authorized = bearer_matches
 

@@ -11,7 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 MIN_TOKEN_CHARS = 16
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shadow.records import PairedRecord, prompt_text
+from revgate.shadow.records import PairedRecord, prompt_text
 
 
 @dataclass(frozen=True, slots=True)

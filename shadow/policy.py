@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from manifests.route import ALL_TOOLS
+from revgate.manifests.route import ALL_TOOLS
 
 
 def tool_names(request: dict[str, Any]) -> set[str]:

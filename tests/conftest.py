@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from serving.worker.engine import free_port
+from revgate.serving.worker.engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
@@ -61,7 +61,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One real Prefect server for the run; this process's Prefect settings point at it."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.processes import prefect_server
+    from revgate.flows.processes import prefect_server
 
     with (
         prefect_server(tmp_path_factory.mktemp("prefect")) as env,
@@ -77,8 +77,8 @@ ZOO_EVAL_PER_SLICE = 300
 @pytest.fixture(scope="session")
 def zoo_dir() -> Path:
     """The reference zoo under .cache/zoo, built once and reused while its recipe and code are unchanged."""
-    from zoo.build import make_zoo
-    from zoo.recipe import default_zoo
+    from revgate.zoo.build import make_zoo
+    from revgate.zoo.recipe import default_zoo
 
     make_zoo(CACHE / "zoo", default_zoo())
     return CACHE / "zoo"
@@ -87,7 +87,7 @@ def zoo_dir() -> Path:
 @pytest.fixture(scope="session")
 def zoo_eval(zoo_dir: Path) -> dict[str, Any]:
     """Every zoo revision served by vLLM and measured (ZOO/eval/*.jsonl), reused while the zoo is unchanged."""
-    from zoo.evaluate import evaluated_zoo
+    from revgate.zoo.evaluate import evaluated_zoo
 
     return dict(evaluated_zoo(zoo_dir, ZOO_EVAL_PER_SLICE))
 
@@ -95,9 +95,9 @@ def zoo_eval(zoo_dir: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def vllm_stable(zoo_dir: Path) -> Iterator[Any]:
     """One vLLM server for the whole run: stable, with LoRA on and the adapter loaded as ``adapter``."""
-    from serving.worker.engine import LoraModule, serve
-    from zoo.evaluate import ZOO_EXECUTION
-    from zoo.index import load_revisions
+    from revgate.serving.worker.engine import LoraModule, serve
+    from revgate.zoo.evaluate import ZOO_EXECUTION
+    from revgate.zoo.index import load_revisions
 
     revisions = load_revisions(zoo_dir)
     adapter = LoraModule("adapter", zoo_dir / revisions["adapter"].path)
@@ -109,7 +109,7 @@ def vllm_stable(zoo_dir: Path) -> Iterator[Any]:
 @pytest.fixture
 def policy_file(tmp_path: Path) -> Path:
     """A gate policy file: slices by family, 300 samples per stage, a 5-point margin, one TTFT SLO."""
-    from manifests.gates import GatePolicy
+    from revgate.manifests.gates import GatePolicy
 
     policy = GatePolicy.build(
         slice_keys=["family"],

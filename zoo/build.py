@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from evaluation import reference_task
-from manifests.artifact import ArtifactManifest
-from registry.build import build_manifest
-from zoo import derive, files, recipe, tokenizer, train
-from zoo.index import INDEX_FILE, ZooRevision, folder_lock, load_revisions, read_index
-from zoo.recipe import RevisionSpec, ZooConfig
+from revgate.evaluation import reference_task
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.registry.build import build_manifest
+from revgate.zoo import derive, files, recipe, tokenizer, train
+from revgate.zoo.index import INDEX_FILE, ZooRevision, folder_lock, load_revisions, read_index
+from revgate.zoo.recipe import RevisionSpec, ZooConfig
 
 MODELS_DIR = "models"
 MANIFESTS_DIR = "manifests"

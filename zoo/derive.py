@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from zoo import files, recipe, tokenizer, train
-from zoo.index import ZooError
-from zoo.recipe import RevisionSpec, ZooConfig
+from revgate.zoo import files, recipe, tokenizer, train
+from revgate.zoo.index import ZooError
+from revgate.zoo.recipe import RevisionSpec, ZooConfig
 
 Weights = dict[str, torch.Tensor]
 

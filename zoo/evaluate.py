@@ -20,16 +20,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import RequestRecord
-from evaluation.reference_task import MAX_ANSWER_CHARS, Example, accuracy_by_slice, balanced_examples, is_correct
-from manifests.revision import ExecutionConfig
-from registry.runtime import LOCK_NAME
-from serving.worker import engine as engine_module
-from serving.worker.engine import EngineProcess, LoraModule, engine_python, serve
-from zoo import measure
-from zoo.files import json_bytes
-from zoo.index import ZooRevision, folder_lock, load_revisions, read_index
-from zoo.measure import chat_records, latency_records, paired_tpot_ratio, quality_records
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.reference_task import (
+    MAX_ANSWER_CHARS,
+    Example,
+    accuracy_by_slice,
+    balanced_examples,
+    is_correct,
+)
+from revgate.manifests.revision import ExecutionConfig
+from revgate.registry.runtime import LOCK_NAME
+from revgate.serving.worker import engine as engine_module
+from revgate.serving.worker.engine import EngineProcess, LoraModule, engine_python, serve
+from revgate.zoo import measure
+from revgate.zoo.files import json_bytes
+from revgate.zoo.index import ZooRevision, folder_lock, load_revisions, read_index
+from revgate.zoo.measure import chat_records, latency_records, paired_tpot_ratio, quality_records
 
 EVAL_SEED = 4242
 EVAL_DIR = "eval"

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, special_tokens_map, tokenizer_config, tokenizer_json
+from revgate.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, special_tokens_map, tokenizer_config, tokenizer_json
 
 WEIGHTS_FILE = "model.safetensors"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 INDEX_FILE = "zoo.json"
 

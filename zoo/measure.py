@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from evaluation.records import RequestRecord
-from evaluation.reference_task import Example
-from manifests.errors import RevgateError
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.reference_task import Example
+from revgate.manifests.errors import RevgateError
 
 # vLLM refuses a /v1/completions prompt list longer than 1,024 entries.
 MAX_PROMPTS_PER_REQUEST = 1024

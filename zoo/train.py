@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from evaluation.reference_task import Example, examples
-from zoo.recipe import Architecture, Schedule
-from zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
+from revgate.evaluation.reference_task import Example, examples
+from revgate.zoo.recipe import Architecture, Schedule
+from revgate.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode
 
 IGNORE = -100
 LORA_TARGETS = ("q_proj", "v_proj")

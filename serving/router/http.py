@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import httptools
 
-from serving.router.limits import Limits, Watchdog, refusal_body
+from revgate.serving.router.limits import Limits, Watchdog, refusal_body
 
 log = logging.getLogger("revgate.router")
 

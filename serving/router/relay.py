@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from serving.router.http import LAST_CHUNK, ServerConnection, chunk, response_head
-from serving.router.upstream import UpstreamError
+from revgate.serving.router.http import LAST_CHUNK, ServerConnection, chunk, response_head
+from revgate.serving.router.upstream import UpstreamError
 
 RETRYABLE_STATUS = frozenset((502, 503, 504))
 

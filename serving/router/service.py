@@ -20,24 +20,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
-from manifests.errors import ManifestInvalid, RevgateError
-from manifests.route import RouteSnapshot, RouteStore
-from registry.record_store import check_router_id, open_record_store
-from serving.admin_token import authorized
-from serving.router.ejection import Ejections
-from serving.router.http import Request, ServerConnection, serve
-from serving.router.ids import RequestIds, bad_id, caller_text
-from serving.router.limits import MIB, Limits, Watchdog
-from serving.router.metrics import RouterMetrics
-from serving.router.parse import Usage, output_text, parse_body, rewrite_model, usage_of
-from serving.router.records import JsonLinesWriter
-from serving.router.relay import Relay
-from serving.router.sink import ObjectSink, Sink, Tee
-from serving.router.split import PinnedRoute, Target, compile_route, retry_order
-from serving.router.upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
-from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
-from shadow.policy import side_effecting_document
+from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
+from revgate.manifests.errors import ManifestInvalid, RevgateError
+from revgate.manifests.route import RouteSnapshot, RouteStore
+from revgate.registry.record_store import check_router_id, open_record_store
+from revgate.serving.admin_token import authorized
+from revgate.serving.router.ejection import Ejections
+from revgate.serving.router.http import Request, ServerConnection, serve
+from revgate.serving.router.ids import RequestIds, bad_id, caller_text
+from revgate.serving.router.limits import MIB, Limits, Watchdog
+from revgate.serving.router.metrics import RouterMetrics
+from revgate.serving.router.parse import Usage, output_text, parse_body, rewrite_model, usage_of
+from revgate.serving.router.records import JsonLinesWriter
+from revgate.serving.router.relay import Relay
+from revgate.serving.router.sink import ObjectSink, Sink, Tee
+from revgate.serving.router.split import PinnedRoute, Target, compile_route, retry_order
+from revgate.serving.router.upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
+from revgate.shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
+from revgate.shadow.policy import side_effecting_document
 
 log = logging.getLogger("revgate.router")
 

@@ -18,8 +18,8 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-from registry.record_store import ObjectName, RecordStore, RecordStoreUnavailable
-from serving.router.records import line_bytes
+from revgate.registry.record_store import ObjectName, RecordStore, RecordStoreUnavailable
+from revgate.serving.router.records import line_bytes
 
 log = logging.getLogger("revgate.router.sink")
 

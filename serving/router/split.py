@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from manifests.route import PPM, RevisionTarget, RouteSnapshot
+from revgate.manifests.route import PPM, RevisionTarget, RouteSnapshot
 
 STABLE = "stable"
 CANDIDATE = "candidate"

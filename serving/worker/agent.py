@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from manifests.errors import RevgateError
-from serving.worker.artifact import ArtifactPreparer, SealedArtifact
-from serving.worker.cores import bind_mask, least_used, split_cores
-from serving.worker.drain import Admission
-from serving.worker.engine import (
+from revgate.manifests.errors import RevgateError
+from revgate.serving.worker.artifact import ArtifactPreparer, SealedArtifact
+from revgate.serving.worker.cores import bind_mask, least_used, split_cores
+from revgate.serving.worker.drain import Admission
+from revgate.serving.worker.engine import (
     ENGINE_HOST,
     KILL_WAIT_S,
     PORT_RELEASE_S,
@@ -33,12 +33,12 @@ from serving.worker.engine import (
     free_port,
     port_is_open,
 )
-from serving.worker.engine import engine_python as default_engine_python
-from serving.worker.proxy import ReplicaProxy
-from serving.worker.request import ReplicaRequest
-from serving.worker.sealed import recheck, remove_tree
-from serving.worker.state import DrainReport, Failure, Replica, ReplicaState
-from serving.worker.warm import vocab_size, warm_up
+from revgate.serving.worker.engine import engine_python as default_engine_python
+from revgate.serving.worker.proxy import ReplicaProxy
+from revgate.serving.worker.request import ReplicaRequest
+from revgate.serving.worker.sealed import recheck, remove_tree
+from revgate.serving.worker.state import DrainReport, Failure, Replica, ReplicaState
+from revgate.serving.worker.warm import vocab_size, warm_up
 
 LOG = logging.getLogger("revgate.worker")
 LOG_TAIL_LINES = 20

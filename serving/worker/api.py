@@ -18,12 +18,12 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from manifests.errors import RevgateError
-from serving.worker.agent import SignaturePolicyConflict, UnknownReplica, WorkerAgent
-from serving.worker.auth import authorized
-from serving.worker.report import capacity_report, replica_view
-from serving.worker.request import ReplicaRequest
-from serving.worker.state import IllegalTransition
+from revgate.manifests.errors import RevgateError
+from revgate.serving.worker.agent import SignaturePolicyConflict, UnknownReplica, WorkerAgent
+from revgate.serving.worker.auth import authorized
+from revgate.serving.worker.report import capacity_report, replica_view
+from revgate.serving.worker.request import ReplicaRequest
+from revgate.serving.worker.state import IllegalTransition
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

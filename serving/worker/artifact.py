@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from registry.compat import CPU_ENGINE, GPU_ENGINE
-from registry.pipeline import PreparedArtifact, prepare_artifact
-from registry.runtime import engine_runtime
-from registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy, Policy
-from serving.worker.engine import Device
-from serving.worker.request import ReplicaRequest, SignaturePolicySpec
-from serving.worker.sealed import FileStamp, link_tree, remove_tree, seal, stamps
+from revgate.registry.compat import CPU_ENGINE, GPU_ENGINE
+from revgate.registry.pipeline import PreparedArtifact, prepare_artifact
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.signing import CertificatePolicy, IdentityPolicy, KeyPolicy, Policy
+from revgate.serving.worker.engine import Device
+from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from revgate.serving.worker.sealed import FileStamp, link_tree, remove_tree, seal, stamps
 
 
 @dataclass(frozen=True, slots=True)

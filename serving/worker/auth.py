@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from serving.token_file import TokenFileInvalid, bearer_matches, load_token, write_token
+from revgate.serving.token_file import TokenFileInvalid, bearer_matches, load_token, write_token
 
 __all__ = ["TokenFileInvalid", "authorized", "load_token", "write_token"]
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 LOCK_NAME = "agent.lock"
 

@@ -8,8 +8,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from manifests.errors import RevgateError
-from serving.worker.request import ReplicaRequest
+from revgate.manifests.errors import RevgateError
+from revgate.serving.worker.request import ReplicaRequest
 
 
 class WorkerRequestFailed(RevgateError):

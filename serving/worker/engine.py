@@ -27,8 +27,8 @@ from types import TracebackType
 from typing import IO, Literal, Self
 from urllib.parse import urlsplit
 
-from manifests.errors import RevgateError
-from manifests.revision import ExecutionConfig
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.revision import ExecutionConfig
 
 Device = Literal["cpu", "cuda"]
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

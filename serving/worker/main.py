@@ -7,11 +7,11 @@ from pathlib import Path
 
 import uvicorn
 
-from serving.worker.agent import WorkerAgent
-from serving.worker.api import ControlApp
-from serving.worker.auth import load_token
-from serving.worker.cache_lock import hold_cache
-from serving.worker.engine import Device
+from revgate.serving.worker.agent import WorkerAgent
+from revgate.serving.worker.api import ControlApp
+from revgate.serving.worker.auth import load_token
+from revgate.serving.worker.cache_lock import hold_cache
+from revgate.serving.worker.engine import Device
 
 
 async def serve_worker(

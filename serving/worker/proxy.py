@@ -18,7 +18,7 @@ import json
 from collections.abc import Coroutine
 from typing import Any
 
-from serving.worker.drain import Admission, Refusal
+from revgate.serving.worker.drain import Admission, Refusal
 
 REVISION_HEADER = "x-revgate-revision"
 REPLICA_HEADER = "x-revgate-replica"

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from serving.worker.state import Replica, ReplicaState
+from revgate.serving.worker.state import Replica, ReplicaState
 
 # Listed per revision so a controller sees capacity on its way, but never counted as capacity.
 PENDING = (ReplicaState.CREATED, ReplicaState.LOADING, ReplicaState.WARMING)

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from manifests.document import API_VERSION, Document
-from manifests.revision import ServiceRevision
-from manifests.worker import WarmProfile
+from revgate.manifests.document import API_VERSION, Document
+from revgate.manifests.revision import ServiceRevision
+from revgate.manifests.worker import WarmProfile
 
 
 class SignaturePolicySpec(Document):

@@ -17,8 +17,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifests.errors import RevgateError
-from registry.tree import list_files
+from revgate.manifests.errors import RevgateError
+from revgate.registry.tree import list_files
 
 READ_ONLY_FILE = 0o444
 READ_ONLY_DIR = 0o555

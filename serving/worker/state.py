@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from manifests.errors import RevgateError
+from revgate.manifests.errors import RevgateError
 
 
 class ReplicaState(StrEnum):

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manifests.errors import RevgateError
-from manifests.worker import WarmProfile
-from serving.worker.state import Capacity
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.worker import WarmProfile
+from revgate.serving.worker.state import Capacity
 
 
 class WarmupFailed(RevgateError):

@@ -8,4 +8,5 @@ import sys
 
 def revgate(*args: str) -> subprocess.CompletedProcess[str]:
     """Run ``revgate ARGS``; never raises on a non-zero exit (tests assert on it)."""
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, check=False)
+    return subprocess.run([sys.executable, "-m", "revgate.cli.main",
+                           *args], capture_output=True, text=True, check=False)

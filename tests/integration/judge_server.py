@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from evaluation.reference_task import is_correct, reference_answer
+from revgate.evaluation.reference_task import is_correct, reference_answer
 from tests.integration.s3_proxy import serving
 
 Reply = Callable[[str], dict[str, Any]]

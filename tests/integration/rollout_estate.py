@@ -23,21 +23,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows import processes
-from flows.demo import EXECUTION, demo_policy, publish, signing_key
-from flows.site import ROUTE_ONLY, RouteSite
-from flows.spec import PromotionSpec
-from flows.steps import start_replica
-from manifests.revision import InterfacePolicy, ServiceRevision
-from manifests.rollout import RolloutPlan
-from manifests.route import RevisionTarget, RouteSnapshot, RouteStore
-from manifests.worker import WarmProfile
-from registry.route_store import open_route_store
-from registry.runtime import engine_runtime
-from registry.store import open_store
-from serving.worker.client import WorkerClient
-from serving.worker.request import ReplicaRequest, SignaturePolicySpec
-from zoo.index import load_revisions
+from revgate.flows import processes
+from revgate.flows.demo import EXECUTION, demo_policy, publish, signing_key
+from revgate.flows.site import ROUTE_ONLY, RouteSite
+from revgate.flows.spec import PromotionSpec
+from revgate.flows.steps import start_replica
+from revgate.manifests.revision import InterfacePolicy, ServiceRevision
+from revgate.manifests.rollout import RolloutPlan
+from revgate.manifests.route import RevisionTarget, RouteSnapshot, RouteStore
+from revgate.manifests.worker import WarmProfile
+from revgate.registry.route_store import open_route_store
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.store import open_store
+from revgate.serving.worker.client import WorkerClient
+from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from revgate.zoo.index import load_revisions
 
 WARM = WarmProfile(prompt_lengths=(8, 16), max_tokens=8, concurrency=4, request_count=8)
 
@@ -226,7 +226,7 @@ class Rollout:
         spec_file.write_text(self.spec.model_dump_json(indent=2), encoding="utf-8")
         env = {**os.environ, "PREFECT_API_URL": self.estate.prefect_api, "PREFECT_LOGGING_LEVEL": "INFO"}
         log = (self.folder / "flow.log").open("w")
-        self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", str(spec_file)], env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", "revgate.cli.main", "promote", str(spec_file)], env=env,
                                         stdout=log, stderr=subprocess.STDOUT, text=True)
 
     def flow_log(self) -> str:
@@ -244,7 +244,8 @@ class Rollout:
     def rollback(self, by: str = "oncall") -> subprocess.CompletedProcess[str]:
         """An operator's ``revgate rollback`` that tells this route's router."""
         return subprocess.run(
-            [sys.executable, "-m", "cli.main", "rollback", "--routes", self.spec.route_store, "--route", self.route,
+            [sys.executable, "-m", "revgate.cli.main",
+             "rollback", "--routes", self.spec.route_store, "--route", self.route,
              "--created-by", by, "--notify", self.admin_url, "--admin-token-file", str(self.estate.token)],
             capture_output=True, text=True, check=False, timeout=120,
         )

@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from manifests.route import RouteSnapshot
-from registry.route_store import FileRouteStore
-from serving.worker.engine import free_port
+from revgate.manifests.route import RouteSnapshot
+from revgate.registry.route_store import FileRouteStore
+from revgate.serving.worker.engine import free_port
 from tests.conftest import ROOT, wait_for_port
 
 
@@ -221,7 +221,7 @@ def router_process(
     (folder / "token").chmod(0o600)  # the router refuses a token file others can read
     port, admin_port = free_port(), free_port()
     records, paired = folder / "records.jsonl", folder / "paired.jsonl"
-    command = [sys.executable, "-m", "cli.main", "router", "--routes", str(folder / "routes"), "--route", route,
+    command = [sys.executable, "-m", "revgate.cli.main", "router", "--routes", str(folder / "routes"), "--route", route,
                "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin_port),
                "--admin-token-file", str(folder / "token"), "--records", str(records),
                "--paired-records", str(paired), "--poll-interval", str(poll_interval), *extra]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from evaluation import plots
-from evaluation.gates import gates_from_policy, judge
-from flows.report import report_markdown
-from registry.auditor_view import VersionFacts
-from registry.ledger import EvidenceLedger, sqlite_uri
+from revgate.evaluation import plots
+from revgate.evaluation.gates import gates_from_policy, judge
+from revgate.flows.report import report_markdown
+from revgate.registry.auditor_view import VersionFacts
+from revgate.registry.ledger import EvidenceLedger, sqlite_uri
 from tests.integration.commands import revgate
 from tests.unit.test_gates import evidence, policy
 
@@ -88,7 +88,7 @@ def test_the_readable_report_and_plots_are_checked_by_the_audit(tmp_path: Path) 
 
 
 def test_a_stages_figures_are_drawn_logged_and_audited(tmp_path: Path) -> None:
-    from flows.auditor import log_stage_plots, plot_stage, version_facts
+    from revgate.flows.auditor import log_stage_plots, plot_stage, version_facts
     from tests.integration.test_flow_lock import spec
 
     promotion = spec(tmp_path, "chat").model_copy(update={"gate_policy": policy()})
@@ -117,8 +117,8 @@ def test_an_auditor_follows_the_version_description_to_the_readable_report(tmp_p
 
     from playwright.sync_api import expect
 
-    from flows.processes import service
-    from serving.worker.engine import free_port
+    from revgate.flows.processes import service
+    from revgate.serving.worker.engine import free_port
     from tests.integration.browser import browser_page, screenshot
 
     _, run_id, number = rollout_with_two_stages(tmp_path)

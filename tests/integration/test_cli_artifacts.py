@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from cli.main import main
+from revgate.cli.main import main
 from tests.integration.signing_material import write_chain, write_key
 
 KEYLESS = Path(__file__).resolve().parents[1] / "data" / "keyless-model"

@@ -20,12 +20,12 @@ from uuid import UUID
 
 import pytest
 
-from flows.site import ROUTE_ONLY, RouteSite
-from flows.steps import start_replica
-from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import successor
-from serving.worker.request import ReplicaRequest
+from revgate.flows.site import ROUTE_ONLY, RouteSite
+from revgate.flows.steps import start_replica
+from revgate.manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import successor
+from revgate.serving.worker.request import ReplicaRequest
 from tests.integration.rollout_estate import WARM, Estate, Rollout, estate, rollout, wait_until
 from tests.integration.test_deployments import ROOT, deployed, revgate_env, run_span
 
@@ -71,7 +71,7 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
         env = revgate_env(prefect_api, site_of([handle], tmp_path / "site.json"))
         output = tmp_path / "promote.out"
         with deployed(env, tmp_path), output.open("w") as sink:
-            command = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", "deployed", "improved",
+            command = subprocess.Popen([sys.executable, "-m", "revgate.cli.main", "promote", "deployed", "improved",
                                         "--requested-by", "ana"], cwd=ROOT, env=env, stdout=sink,
                                        stderr=subprocess.STDOUT, text=True)
             try:
@@ -114,7 +114,7 @@ def run_state(run_id: UUID) -> Any:
 
 def run_window(handle: Rollout) -> str:
     """The rollback window's tag on the route's newest evidence run ("" before a promotion)."""
-    from registry.ledger import EvidenceLedger
+    from revgate.registry.ledger import EvidenceLedger
 
     run = EvidenceLedger(handle.spec.tracking_uri, handle.folder / "artifacts").latest_run(handle.route)
     return "" if run is None else str(run.data.tags.get("revgate.rollback_window", ""))
@@ -142,7 +142,8 @@ def test_two_routes_roll_out_at_the_same_time_on_one_worker(zoo_dir: Path, prefe
         right_stable = right.current().stable
         env = revgate_env(prefect_api, site_of([left, right], tmp_path / "site.json"))
         with deployed(env, tmp_path):
-            commands = [subprocess.Popen([sys.executable, "-m", "cli.main", "promote", route, "improved", "--approval",
+            commands = [subprocess.Popen([sys.executable, "-m", "revgate.cli.main",
+                                          "promote", route, "improved", "--approval",
                                           "auto"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          text=True) for route in ("left", "right")]
             printed = [command.communicate(timeout=720)[0] for command in commands]

@@ -20,14 +20,14 @@ from uuid import UUID
 
 import pytest
 
-from flows import processes
-from manifests.gates import GatePolicy
-from manifests.rollout import RolloutPlan, SetWeight
-from manifests.route import CanaryTarget, RevisionTarget, RouteSnapshot
-from manifests.route_change import successor
-from registry.build import build_manifest
-from registry.route_store import open_route_store
-from registry.store import open_store
+from revgate.flows import processes
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.rollout import RolloutPlan, SetWeight
+from revgate.manifests.route import CanaryTarget, RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import successor
+from revgate.registry.build import build_manifest
+from revgate.registry.route_store import open_route_store
+from revgate.registry.store import open_store
 from tests.integration.rollout_estate import wait_until
 
 pytestmark = pytest.mark.servers
@@ -48,12 +48,13 @@ class Site:
 
     def revgate(self, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
         """A ``revgate`` command as a person runs it."""
-        return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=self.env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "revgate.cli.main",
+                               *args], cwd=ROOT, env=self.env, capture_output=True,
                               text=True, check=False, timeout=timeout_s)
 
     def promote(self, *args: str) -> subprocess.Popen[str]:
         """``revgate promote ...`` started in the background."""
-        return subprocess.Popen([sys.executable, "-m", "cli.main", "promote", *args], cwd=ROOT, env=self.env,
+        return subprocess.Popen([sys.executable, "-m", "revgate.cli.main", "promote", *args], cwd=ROOT, env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -96,7 +97,8 @@ def revgate_env(prefect_api: str, site: Path) -> dict[str, str]:
 @contextmanager
 def deployed(env: dict[str, str], folder: Path) -> Iterator[None]:
     """``revgate deploy`` (work pool and deployments), then a ``prefect worker`` on the pool for the block."""
-    done = subprocess.run([sys.executable, "-m", "cli.main", "deploy", "--project", str(ROOT)], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "revgate.cli.main",
+                           "deploy", "--project", str(ROOT)], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "work pool revgate" in done.stdout
@@ -154,7 +156,7 @@ def test_a_refused_route_and_a_missing_candidate_each_end_with_their_reason(site
     """Two submissions at once on one worker: the locked route is refused, the other route fails on its digest."""
     from prefect.concurrency.sync import concurrency
 
-    from flows.promote import ensure_route_lock, lock_name
+    from revgate.flows.promote import ensure_route_lock, lock_name
 
     ensure_route_lock("alpha")
     with concurrency(lock_name("alpha"), occupy=1, strict=True):  # another rollout holds alpha
@@ -205,12 +207,12 @@ def test_the_rollback_deployment_removes_the_canary(site: Site) -> None:
 @pytest.mark.timeout(300)
 def test_a_local_run_reads_the_site_given_and_no_deployment_is_named_clearly(site: Site) -> None:
     env = {key: value for key, value in site.env.items() if key != "REVGATE_SITE"}
-    local = subprocess.run([sys.executable, "-m", "cli.main", "promote", "beta", MISSING, "--local", "--site",
+    local = subprocess.run([sys.executable, "-m", "revgate.cli.main", "promote", "beta", MISSING, "--local", "--site",
                             str(site.path)],
                            cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=240)
     assert local.returncode == 5, local.stdout + local.stderr
     assert f"candidate {MISSING} is not in the artifact store" in local.stdout
-    unreachable = subprocess.run([sys.executable, "-m", "cli.main", "promote", "beta", "tiny"], cwd=ROOT,
+    unreachable = subprocess.run([sys.executable, "-m", "revgate.cli.main", "promote", "beta", "tiny"], cwd=ROOT,
                                  env={**env, "PREFECT_API_URL": "http://127.0.0.1:9/api"}, capture_output=True,
                                  text=True, check=False, timeout=240)
     assert unreachable.returncode == 2

@@ -16,9 +16,9 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import canary, successor
-from registry.route_store import open_route_store
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import canary, successor
+from revgate.registry.route_store import open_route_store
 from tests.unit.test_docs_commands import ROOT, Shown, commands_in
 
 GUIDE = ROOT / "docs" / "engineer.md"
@@ -53,7 +53,7 @@ def test_the_engineer_guide_publishes_a_revision_as_shown(tmp_path: Path) -> Non
     for text, printed in commands:
         argv = shlex.split(text.replace("/srv/artifacts", str(store)))
         if argv[0] == "revgate":
-            argv = [sys.executable, "-m", "cli.main", *argv[1:]]
+            argv = [sys.executable, "-m", "revgate.cli.main", *argv[1:]]
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, f"{text}\n{done.stdout}{done.stderr}"
         if printed:
@@ -80,7 +80,7 @@ def shown_with_output(text: str) -> tuple[Shown, list[str]]:
 
 def run_as_shown(text: str, routes: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     argv = shlex.split(text.replace("/srv/routes", str(routes)))
-    return subprocess.run([sys.executable, "-m", "cli.main", *argv[1:]], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "revgate.cli.main", *argv[1:]], cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
                           check=False)
 

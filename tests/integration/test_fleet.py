@@ -26,13 +26,13 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows import processes
-from flows.demo import EXECUTION, demo_policy
-from flows.spec import PromotionSpec
-from manifests.rollout import Bake, RolloutPlan, SetWeight
-from manifests.route import RouteSnapshot
-from registry.route_store import open_route_store
-from serving.worker.client import WorkerClient
+from revgate.flows import processes
+from revgate.flows.demo import EXECUTION, demo_policy
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.rollout import Bake, RolloutPlan, SetWeight
+from revgate.manifests.route import RouteSnapshot
+from revgate.registry.route_store import open_route_store
+from revgate.serving.worker.client import WorkerClient
 from tests.integration.rollout_estate import WARM, estate, write_site
 from tests.integration.test_deployments import ROOT, deployed, revgate_env
 
@@ -60,7 +60,8 @@ def promote_from_deployment(env: dict[str, str], folder: Path) -> tuple[str, str
     """``revgate promote fleet improved``: a run of the deployment, followed to its end; its id and output."""
     output = folder / "promote.out"
     with output.open("w") as sink:
-        command = subprocess.Popen([sys.executable, "-m", "cli.main", "promote", ROUTE, "improved", "--approval",
+        command = subprocess.Popen([sys.executable, "-m", "revgate.cli.main",
+                                    "promote", ROUTE, "improved", "--approval",
                                     "auto", "--requested-by", "ana"], cwd=ROOT, env=env, stdout=sink,
                                    stderr=subprocess.STDOUT, text=True)
         try:
@@ -81,7 +82,8 @@ def promote_from_deployment(env: dict[str, str], folder: Path) -> tuple[str, str
 def status_json(routes: str, *, routers: list[str], agents: list[str], token: Path, tracking: str,
                 prefect_api: str) -> tuple[int, dict[str, Any]]:
     """``revgate status fleet --json`` over both routers and both agents: its exit code and document."""
-    argv = [sys.executable, "-m", "cli.main", "status", ROUTE, "--routes", routes, "--router-token-file", str(token),
+    argv = [sys.executable, "-m", "revgate.cli.main",
+            "status", ROUTE, "--routes", routes, "--router-token-file", str(token),
             "--worker-token-file", str(token), "--tracking-uri", tracking, "--prefect-api", prefect_api, "--json",
             "--timeout", "10"]
     argv += [arg for url in routers for arg in ("--router", url)] + [arg for url in agents for arg in ("--worker", url)]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from manifests.rollout import Approve
-from manifests.route import RevisionTarget, RouteSnapshot
-from registry.ledger import EvidenceLedger, sqlite_uri
-from registry.route_store import open_route_store
+from revgate.manifests.rollout import Approve
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.registry.ledger import EvidenceLedger, sqlite_uri
+from revgate.registry.route_store import open_route_store
 from tests.integration.browser import answer_the_resume_form, browser_page
 from tests.integration.test_flow_lock import spec
 
@@ -97,7 +97,7 @@ def approval_round(prefect_api: str, tmp_path: Path, manager: Manager, approvers
     from prefect import flow
     from prefect.runtime import flow_run
 
-    from flows.promote import Promotion
+    from revgate.flows.promote import Promotion
 
     store = open_route_store(str(tmp_path / "routes"))
     stable = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))

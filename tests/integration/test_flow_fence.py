@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.route_owner import Heartbeat, RouteOwner, RouteTakenOver
-from flows.spec import PromotionSpec
-from manifests.rollout import Bake, RolloutPlan, SetWeight
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import canary, successor
-from registry.route_store import open_route_store
-from serving.worker.engine import free_port
+from revgate.flows.route_owner import Heartbeat, RouteOwner, RouteTakenOver
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.rollout import Bake, RolloutPlan, SetWeight
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import canary, successor
+from revgate.registry.route_store import open_route_store
+from revgate.serving.worker.engine import free_port
 from tests.integration.commands import revgate
 from tests.integration.test_flow_lock import spec as lock_spec
 
@@ -74,7 +74,7 @@ def test_heartbeat_renews_through_the_fence_and_an_operator_rollback_ends_it(tmp
 
 
 def test_a_bake_ends_at_once_when_another_writer_takes_the_route(tmp_path: Path) -> None:
-    from flows.promote import Promotion
+    from revgate.flows.promote import Promotion
 
     plan = RolloutPlan.build(steps=[Bake(seconds=600), SetWeight(weight_ppm=100_000)], lease_seconds=10,
                              lease_renew_seconds=1)
@@ -105,8 +105,8 @@ def test_a_bake_ends_at_once_when_the_flow_run_is_cancelled(prefect_api: str, tm
     from prefect.runtime import flow_run
     from prefect.states import Cancelling
 
-    from flows.promote import Promotion, run_cancelled
-    from flows.route_owner import RolloutCancelled
+    from revgate.flows.promote import Promotion, run_cancelled
+    from revgate.flows.route_owner import RolloutCancelled
 
     plan = RolloutPlan.build(steps=[Bake(seconds=600), SetWeight(weight_ppm=100_000)], lease_seconds=10,
                              lease_renew_seconds=1)
@@ -143,9 +143,9 @@ def test_a_bake_ends_at_once_when_the_flow_run_is_cancelled(prefect_api: str, tm
 
 def test_a_running_flow_never_undoes_an_operators_rollback(tmp_path: Path) -> None:
     """The issue's report: the flow committed its canary, then its promotion, on top of a rollback."""
-    from flows.promote import Promotion
-    from manifests.errors import RevgateError
-    from registry.ledger import EvidenceLedger, sqlite_uri
+    from revgate.flows.promote import Promotion
+    from revgate.manifests.errors import RevgateError
+    from revgate.registry.ledger import EvidenceLedger, sqlite_uri
 
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=0)], lease_seconds=60)
     spec = fenced_spec(tmp_path, "undone", plan)
@@ -168,10 +168,10 @@ def test_a_running_flow_never_undoes_an_operators_rollback(tmp_path: Path) -> No
 
 
 def test_a_canary_after_a_full_shadow_is_an_increase_the_capacity_rule_checks(tmp_path: Path) -> None:
-    from flows.promote import Promotion
-    from manifests.rollout import Shadow
-    from manifests.route_change import mirror
-    from promotion.machine import StepApplied, advance, start
+    from revgate.flows.promote import Promotion
+    from revgate.manifests.rollout import Shadow
+    from revgate.manifests.route_change import mirror
+    from revgate.promotion.machine import StepApplied, advance, start
 
     plan = RolloutPlan.build(steps=[Shadow(sample_ppm=1_000_000), SetWeight(weight_ppm=500_000)], lease_seconds=60)
     spec = fenced_spec(tmp_path, "ladder", plan)
@@ -219,7 +219,7 @@ def test_a_rollback_wins_over_a_rollout_renewing_every_quarter_second_in_10_of_1
     # The defect: `revgate rollback` read the whole history and never retried a conflict while the
     # heartbeat added a generation per renewal: with short leases it could lose to a live rollout.
     # Here the real heartbeat renews four times a second (a 1 s lease's renewals, and faster).
-    from cli.main import main
+    from revgate.cli.main import main
 
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=100_000)], lease_seconds=10, lease_renew_seconds=1)
     took = []

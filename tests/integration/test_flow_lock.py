@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.spec import PromotionSpec
-from manifests.gates import GatePolicy
-from manifests.route import RevisionTarget, RouteSnapshot
-from registry.route_store import open_route_store
-from serving.worker.request import SignaturePolicySpec
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.registry.route_store import open_route_store
+from revgate.serving.worker.request import SignaturePolicySpec
 
 pytestmark = pytest.mark.servers
 
@@ -30,7 +30,7 @@ def spec(tmp_path: Path, route: str) -> PromotionSpec:
 def test_a_concurrent_rollout_is_refused_and_changes_nothing(prefect_api: str, tmp_path: Path) -> None:
     from prefect.concurrency.sync import concurrency
 
-    from flows.promote import RolloutInProgress, ensure_route_lock, lock_name, promote_revision
+    from revgate.flows.promote import RolloutInProgress, ensure_route_lock, lock_name, promote_revision
 
     store = open_route_store(str(tmp_path / "routes"))
     stable = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))

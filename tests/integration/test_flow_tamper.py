@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.demo import publish, signing_key
-from manifests.errors import RevgateError
-from manifests.route import RevisionTarget, RouteSnapshot
-from registry.route_store import open_route_store
-from serving.worker.request import SignaturePolicySpec
+from revgate.flows.demo import publish, signing_key
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.registry.route_store import open_route_store
+from revgate.serving.worker.request import SignaturePolicySpec
+from revgate.zoo.index import load_revisions
 from tests.integration.test_flow_fence import fenced_spec
-from zoo.index import load_revisions
 
 pytestmark = pytest.mark.servers
 
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.servers
 def test_a_tampered_candidate_is_refused_before_any_traffic_moves(
     zoo_dir: Path, prefect_api: str, tmp_path: Path
 ) -> None:
-    from flows.promote import promote_revision
-    from manifests.rollout import RolloutPlan, SetWeight
+    from revgate.flows.promote import promote_revision
+    from revgate.manifests.rollout import RolloutPlan, SetWeight
 
     key, public = signing_key(tmp_path / "keys")
     store = tmp_path / "artifacts"

@@ -20,16 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluation import metrics
-from evaluation.evidence import build_evidence, read_records, reference_task_grade
-from evaluation.gates import Evidence, QualityGate, gates_from_policy, judge
-from evaluation.records import Arm, RequestRecord
-from evaluation.replay import replay
-from evaluation.traces import TraceEntry, generate_trace
-from manifests.gates import GatePolicy
-from serving.worker.engine import EngineProcess, serve
-from zoo.evaluate import ZOO_EXECUTION
-from zoo.index import load_revisions
+from revgate.evaluation import metrics
+from revgate.evaluation.evidence import build_evidence, read_records, reference_task_grade
+from revgate.evaluation.gates import Evidence, QualityGate, gates_from_policy, judge
+from revgate.evaluation.records import Arm, RequestRecord
+from revgate.evaluation.replay import replay
+from revgate.evaluation.traces import TraceEntry, generate_trace
+from revgate.manifests.gates import GatePolicy
+from revgate.serving.worker.engine import EngineProcess, serve
+from revgate.zoo.evaluate import ZOO_EXECUTION
+from revgate.zoo.index import load_revisions
 
 pytestmark = pytest.mark.engine
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cli.main import main
+from revgate.cli.main import main
 from tests.integration.judge_server import judge_server
 from tests.unit.test_cli_evaluate import write_arms
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from manifests import ArtifactManifest
-from manifests.canonical import sha256_digest
-from registry.ledger import EvidenceLedger, sqlite_uri
+from revgate.manifests import ArtifactManifest
+from revgate.manifests.canonical import sha256_digest
+from revgate.registry.ledger import EvidenceLedger, sqlite_uri
 from tests.conftest import ROOT
 from tests.integration.browser import browser_page
 from tests.integration.commands import revgate
@@ -118,8 +118,8 @@ def test_auditing_an_unknown_revision_says_where_it_looked(tmp_path: Path) -> No
 def test_an_auditor_follows_a_model_version_to_its_evidence_in_the_mlflow_ui(tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    from flows.processes import service
-    from serving.worker.engine import free_port
+    from revgate.flows.processes import service
+    from revgate.serving.worker.engine import free_port
 
     fingerprint = "sha256:" + "6" * 64
     promoted_run(tmp_path, fingerprint)
@@ -142,7 +142,7 @@ def test_an_auditor_follows_a_model_version_to_its_evidence_in_the_mlflow_ui(tmp
 OPEN_AT_ONCE = """
 import sys, time
 from pathlib import Path
-from registry.ledger import EvidenceLedger, sqlite_uri
+from revgate.registry.ledger import EvidenceLedger, sqlite_uri
 folder, route = Path(sys.argv[1]), sys.argv[2]
 deadline = time.monotonic() + 120
 while not (folder / "go").exists():  # every process opens the new store at the same moment

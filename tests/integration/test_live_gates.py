@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from evaluation import metrics
-from evaluation.reference_task import TASK_SLICES
-from evaluation.replay import replay
-from evaluation.traces import generate_trace
-from flows.demo import EXECUTION, user_traffic
-from flows.processes import router
-from flows.spec import PromotionSpec
-from manifests.gates import GatePolicy
-from manifests.rollout import Analyze, Bake, RolloutPlan, SetWeight, Shadow
-from manifests.route import RouteSnapshot
-from registry.route_store import open_route_store
+from revgate.evaluation import metrics
+from revgate.evaluation.reference_task import TASK_SLICES
+from revgate.evaluation.replay import replay
+from revgate.evaluation.traces import generate_trace
+from revgate.flows.demo import EXECUTION, user_traffic
+from revgate.flows.processes import router
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.rollout import Analyze, Bake, RolloutPlan, SetWeight, Shadow
+from revgate.manifests.route import RouteSnapshot
+from revgate.registry.route_store import open_route_store
 from tests.integration.gate_reports import evidence_counts, gate, last_report
 from tests.integration.judge_server import judge_server, reference_task_judge
 from tests.integration.rollout_estate import WARM, Estate, estate
@@ -85,7 +85,7 @@ def roll_out(
         )
         spec_file = folder / "promotion.json"
         spec_file.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
-        result = subprocess.run([sys.executable, "-m", "cli.main", "promote", str(spec_file)],
+        result = subprocess.run([sys.executable, "-m", "revgate.cli.main", "promote", str(spec_file)],
                                 env={**os.environ, "PREFECT_API_URL": live.prefect_api}, capture_output=True,
                                 text=True, timeout=900, check=False)
     output = result.stdout[-4000:] + result.stderr[-4000:]

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.engine]
 def test_models_eval_serves_a_revision_measures_it_and_prints_the_docs_table(zoo_dir: Path, tmp_path: Path) -> None:
     zoo = tmp_path / "zoo"
     shutil.copytree(zoo_dir, zoo, ignore=shutil.ignore_patterns("eval"))
-    done = subprocess.run([sys.executable, "-m", "cli.main", "models", "eval", str(zoo), "--markdown",
+    done = subprocess.run([sys.executable, "-m", "revgate.cli.main", "models", "eval", str(zoo), "--markdown",
                            "--revision", "stable", "--per-slice", "2"],
                           capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

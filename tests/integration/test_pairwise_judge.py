@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from evaluation import graders
-from evaluation.gates import Evidence, gates_from_policy, judge
-from evaluation.records import Arm, RequestRecord
-from manifests.gates import GatePolicy
+from revgate.evaluation import graders
+from revgate.evaluation.gates import Evidence, gates_from_policy, judge
+from revgate.evaluation.records import Arm, RequestRecord
+from revgate.manifests.gates import GatePolicy
 from tests.integration.judge_server import judge_server, prefer_correct
 
 ASKED: list[dict[str, Any]] = []  # what the judge was asked, in order

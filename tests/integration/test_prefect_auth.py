@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.status import _flow_run_state
-from flows.processes import basic_auth_file, prefect_server
+from revgate.cli.status import _flow_run_state
+from revgate.flows.processes import basic_auth_file, prefect_server
 
 pytestmark = pytest.mark.servers
 

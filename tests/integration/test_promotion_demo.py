@@ -22,8 +22,8 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from manifests.route import RouteSnapshot
-from registry.route_store import open_route_store
+from revgate.manifests.route import RouteSnapshot
+from revgate.registry.route_store import open_route_store
 from tests.integration.gate_reports import evidence_counts, last_report
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
 def demo_command(zoo_dir: Path, state: Path, candidate: str, *more: str) -> list[str]:
     """``revgate demo`` as a user types it."""
-    return [sys.executable, "-m", "cli.main", "demo", "--state", str(state), "--zoo", str(zoo_dir),
+    return [sys.executable, "-m", "revgate.cli.main", "demo", "--state", str(state), "--zoo", str(zoo_dir),
             "--candidate", candidate, *more]
 
 

@@ -16,16 +16,16 @@ import boto3
 import httpx
 import pytest
 
-from evaluation.evidence import build_evidence
-from evaluation.gates import gates_from_policy, judge
-from evaluation.graders import exact_match
-from evaluation.records import RequestRecord
-from flows.evidence import StageRecords
-from flows.promote import with_provenance
-from manifests.gates import GatePolicy
-from registry.record_store import RecordReader, StageWindow, open_record_store
-from serving.worker.engine import free_port
-from shadow.records import PairedRecord
+from revgate.evaluation.evidence import build_evidence
+from revgate.evaluation.gates import gates_from_policy, judge
+from revgate.evaluation.graders import exact_match
+from revgate.evaluation.records import RequestRecord
+from revgate.flows.evidence import StageRecords
+from revgate.flows.promote import with_provenance
+from revgate.manifests.gates import GatePolicy
+from revgate.registry.record_store import RecordReader, StageWindow, open_record_store
+from revgate.serving.worker.engine import free_port
+from revgate.shadow.records import PairedRecord
 from tests.conftest import wait_for_port
 from tests.integration.router_harness import (
     RouterProcess,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import canary, successor
-from registry.follow import ROUTE_STATUS, follow_route
-from registry.ledger import EvidenceLedger, sqlite_uri
-from registry.route_store import open_route_store
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import canary, successor
+from revgate.registry.follow import ROUTE_STATUS, follow_route
+from revgate.registry.ledger import EvidenceLedger, sqlite_uri
+from revgate.registry.route_store import open_route_store
 from tests.integration.commands import revgate
 from tests.integration.test_rollback_cli import healthy_endpoint
 

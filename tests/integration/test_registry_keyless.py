@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from manifests.artifact import ArtifactManifest
-from registry.build import build_manifest
-from registry.errors import DigestMismatch, SignatureInvalid, UntrustedSigner
-from registry.signing import IdentityPolicy, read_signed_files
-from registry.verify import verify_artifact, verify_signed_folder
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.registry.build import build_manifest
+from revgate.registry.errors import DigestMismatch, SignatureInvalid, UntrustedSigner
+from revgate.registry.signing import IdentityPolicy, read_signed_files
+from revgate.registry.verify import verify_artifact, verify_signed_folder
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "keyless-model"
 SIGNATURE = DATA / "model.sig"

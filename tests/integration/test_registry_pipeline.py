@@ -11,13 +11,13 @@ from pathlib import Path
 import boto3
 import pytest
 
-from manifests.revision import ExecutionConfig, InterfacePolicy, RuntimeEnvironment, ServiceRevision
-from registry.build import build_manifest
-from registry.errors import ArtifactRefused, DigestMismatch, IncompatibleArtifact
-from registry.pipeline import PreparedArtifact, cache_paths, prepare_artifact
-from registry.runtime import runtime_from_lock
-from registry.signing import KeyPolicy, sign_with_key
-from registry.store import open_store
+from revgate.manifests.revision import ExecutionConfig, InterfacePolicy, RuntimeEnvironment, ServiceRevision
+from revgate.registry.build import build_manifest
+from revgate.registry.errors import ArtifactRefused, DigestMismatch, IncompatibleArtifact
+from revgate.registry.pipeline import PreparedArtifact, cache_paths, prepare_artifact
+from revgate.registry.runtime import runtime_from_lock
+from revgate.registry.signing import KeyPolicy, sign_with_key
+from revgate.registry.store import open_store
 from tests.integration.signing_material import write_key
 
 RUNTIME = runtime_from_lock(b"torch==2.13.0+cpu\nvllm-cpu==0.32.0\n")

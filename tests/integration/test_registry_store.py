@@ -10,12 +10,19 @@ from pathlib import Path
 import boto3
 import pytest
 
-from manifests.artifact import ArtifactManifest
-from manifests.canonical import sha256_digest
-from manifests.errors import NotCanonical
-from registry.build import build_manifest
-from registry.errors import DigestMismatch, ObjectCorrupt, ObjectExists, ObjectMissing, StoreError, UnexpectedFile
-from registry.store import ArtifactStore, LocalBackend, blob_key, manifest_key, open_store
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.canonical import sha256_digest
+from revgate.manifests.errors import NotCanonical
+from revgate.registry.build import build_manifest
+from revgate.registry.errors import (
+    DigestMismatch,
+    ObjectCorrupt,
+    ObjectExists,
+    ObjectMissing,
+    StoreError,
+    UnexpectedFile,
+)
+from revgate.registry.store import ArtifactStore, LocalBackend, blob_key, manifest_key, open_store
 
 
 def _model(folder: Path, big: int = 0) -> Path:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from manifests.artifact import ArtifactManifest
-from manifests.errors import ManifestInvalid
-from registry.build import build_manifest
-from registry.errors import (
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.errors import ManifestInvalid
+from revgate.registry.build import build_manifest
+from revgate.registry.errors import (
     DigestMismatch,
     ManifestMismatch,
     MissingFile,
@@ -28,8 +28,8 @@ from registry.errors import (
     UntrustedSigner,
     VerificationError,
 )
-from registry.signing import CertificatePolicy, KeyPolicy, sign_with_certificate, sign_with_key
-from registry.verify import verify_artifact
+from revgate.registry.signing import CertificatePolicy, KeyPolicy, sign_with_certificate, sign_with_key
+from revgate.registry.verify import verify_artifact
 from tests.integration.signing_material import Chain, KeyPair, write_chain, write_key
 
 

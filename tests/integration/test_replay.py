@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.main import main
-from evaluation import evidence, metrics
-from evaluation.replay import replay
-from evaluation.traces import TraceEntry, write_trace
+from revgate.cli.main import main
+from revgate.evaluation import evidence, metrics
+from revgate.evaluation.replay import replay
+from revgate.evaluation.traces import TraceEntry, write_trace
 from tests.integration.router_harness import UpstreamFarm
 
 pytestmark = pytest.mark.servers

@@ -13,10 +13,10 @@ from typing import Any
 import boto3
 import pytest
 
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import canary, successor
-from registry.route_store import open_route_store
-from serving.worker.engine import free_port
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import canary, successor
+from revgate.registry.route_store import open_route_store
+from revgate.serving.worker.engine import free_port
 from tests.integration.commands import revgate
 from tests.integration.s3_proxy import serving
 
@@ -91,8 +91,8 @@ def test_rollback_tells_the_routers_it_knows_and_the_others_poll_it_in(file_stor
     import sys
     import time
 
-    from flows.processes import service, token_file
-    from serving.worker.engine import free_port
+    from revgate.flows.processes import service, token_file
+    from revgate.serving.worker.engine import free_port
 
     seed_history(file_store)
     token = token_file(tmp_path / "token")
@@ -100,7 +100,7 @@ def test_rollback_tells_the_routers_it_knows_and_the_others_poll_it_in(file_stor
     with ExitStack() as running:
         for name, poll_s in (("told", "60"), ("polling", "0.5")):  # the told one would not poll for a minute
             port, admin = free_port(), free_port()
-            argv = [sys.executable, "-m", "cli.main", "router", "--routes", file_store, "--route", "chat",
+            argv = [sys.executable, "-m", "revgate.cli.main", "router", "--routes", file_store, "--route", "chat",
                     "--port", str(port), "--admin-port", str(admin), "--admin-token-file", str(token),
                     "--poll-interval", poll_s]
             running.enter_context(service(argv, f"http://127.0.0.1:{port}/health", tmp_path / f"{name}.log"))
@@ -198,8 +198,8 @@ def test_a_rollback_that_loses_races_to_a_heartbeat_plans_again_and_lands(
     # The defect: the rollback planned once and never retried a conflict, while a live rollout's
     # heartbeat adds a generation per renewal: with short renewals it lost the race every time.
     # Here the real heartbeat write lands between the rollback's read and its write, twice.
-    import registry.route_store
-    from cli.main import main
+    from revgate.cli.main import main
+    from revgate.registry import route_store
 
     real = open_route_store(file_store)
     first = RouteSnapshot.build(route="chat", generation=1, stable=STABLE, created_by="seed", created_at=NOW)
@@ -234,7 +234,7 @@ def test_a_rollback_that_loses_races_to_a_heartbeat_plans_again_and_lands(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.store, name)
 
-    monkeypatch.setattr(registry.route_store, "open_route_store", lambda url: RenewedMeanwhile(real))
+    monkeypatch.setattr(route_store, "open_route_store", lambda url: RenewedMeanwhile(real))
     assert main(["rollback", "--routes", file_store, "--route", "chat", "--created-by", "oncall"]) == 0
     assert races == [] and capsys.readouterr().out.count("planning again") == 2
     current = real.read("chat")

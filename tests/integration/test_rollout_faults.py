@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
-from registry.follow import ROUTE_STATUS
-from registry.ledger import EvidenceLedger
+from revgate.manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
+from revgate.registry.follow import ROUTE_STATUS
+from revgate.registry.ledger import EvidenceLedger
 from tests.integration.commands import revgate
 from tests.integration.rollout_estate import Estate, Rollout, estate, rollout, wait_until
 
@@ -194,7 +194,7 @@ def test_an_approval_longer_than_the_lease_keeps_the_canary_then_a_rollback_in_t
 
 @pytest.mark.timeout(1200)
 def test_a_killed_controller_leaves_stable_serving_within_one_lease(parts: Estate, tmp_path: Path) -> None:
-    from flows.promote import RolloutInProgress, hold_route_lock
+    from revgate.flows.promote import RolloutInProgress, hold_route_lock
 
     lease = 10
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=lease,

@@ -9,7 +9,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from registry.route_store import open_route_store
+from revgate.registry.route_store import open_route_store
 from tests.integration.commands import revgate
 from tests.integration.test_rollback_cli import STABLE, seed_history
 

@@ -10,10 +10,10 @@ import uuid
 import boto3
 import pytest
 
-from manifests.errors import ManifestInvalid
-from manifests.route import RouteConflict, RouteSnapshot, RouteStoreUnavailable
-from registry.route_store import open_route_store
-from registry.route_store_s3 import ConditionalWritesIgnored, S3RouteStore
+from revgate.manifests.errors import ManifestInvalid
+from revgate.manifests.route import RouteConflict, RouteSnapshot, RouteStoreUnavailable
+from revgate.registry.route_store import open_route_store
+from revgate.registry.route_store_s3 import ConditionalWritesIgnored, S3RouteStore
 from tests.integration.s3_proxy import ignoring_conditions, losing_answers
 
 pytestmark = pytest.mark.servers

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from evaluation.records import RequestRecord
-from shadow.records import PairedRecord
+from revgate.evaluation.records import RequestRecord
+from revgate.shadow.records import PairedRecord
 from tests.conftest import ROOT
 from tests.integration.router_harness import (
     RouterProcess,
@@ -253,24 +253,27 @@ def test_admin_needs_the_token_and_metrics_are_bounded(router: RouterProcess) ->
 def test_route_set_with_a_stale_generation_is_refused_and_changes_nothing(router: RouterProcess) -> None:
     current = router.store.read(ROUTE)
     assert current is not None
-    command = [sys.executable, "-m", "cli.main", "route", "set", "--routes", str(router.store.root), "--route", ROUTE,
+    command = [sys.executable, "-m", "revgate.cli.main",
+               "route", "set", "--routes", str(router.store.root), "--route", ROUTE,
                "--stable", fingerprint("z"), "--stable-endpoints", "http://127.0.0.1:1",
                "--expect-generation", str(current.generation - 1), "--created-by", "late"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 2
     assert "RouteConflict" in result.stderr and f"generation {current.generation}" in result.stderr
     assert router.store.read(ROUTE) == current
-    shown = subprocess.run([sys.executable, "-m", "cli.main", "route", "show", "--routes", str(router.store.root),
+    shown = subprocess.run([sys.executable, "-m", "revgate.cli.main",
+                            "route", "show", "--routes", str(router.store.root),
                             "--route", ROUTE], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(shown.stdout)["generation"] == current.generation
-    history = subprocess.run([sys.executable, "-m", "cli.main", "route", "history", "--routes",
+    history = subprocess.run([sys.executable, "-m", "revgate.cli.main", "route", "history", "--routes",
                               str(router.store.root), "--route", ROUTE], cwd=ROOT, capture_output=True, text=True,
                              check=True)
     assert len(history.stdout.splitlines()) == current.generation
 
 
 def test_unknown_store_path_fails_fast(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "cli.main", "route", "show", "--routes", str(tmp_path), "--route", "nothing"]
+    command = [sys.executable, "-m", "revgate.cli.main",
+               "route", "show", "--routes", str(tmp_path), "--route", "nothing"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "RouteNotFound" in result.stderr
 

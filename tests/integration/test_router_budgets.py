@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from evaluation.records import RequestRecord
+from revgate.evaluation.records import RequestRecord
 from tests.integration.raw_http import RawConnection, completion, request
 from tests.integration.router_harness import RouterProcess, UpstreamFarm, router_process, snapshot, wait_until
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.steps import served_generations
-from registry.route_store import FileRouteStore
+from revgate.flows.steps import served_generations
+from revgate.registry.route_store import FileRouteStore
 from tests.integration.router_harness import UpstreamFarm, fingerprint, router_process, snapshot, wait_until
 from tests.integration.test_flow_lock import spec as lock_spec
 

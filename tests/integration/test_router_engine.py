@@ -9,8 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from evaluation.records import RequestRecord
-from manifests.route import RouteSnapshot
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.route import RouteSnapshot
 from tests.integration.router_harness import RouterProcess, fingerprint, router_process, wait_until
 
 pytestmark = pytest.mark.engine

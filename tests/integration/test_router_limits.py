@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evaluation.records import RequestRecord
-from serving.worker.engine import free_port
-from shadow.records import PairedRecord
+from revgate.evaluation.records import RequestRecord
+from revgate.serving.worker.engine import free_port
+from revgate.shadow.records import PairedRecord
 from tests.conftest import ROOT
 from tests.integration.raw_http import RawConnection, completion, memory_kib, request
 from tests.integration.router_harness import RouterProcess, UpstreamFarm, router_process, snapshot, wait_until
@@ -236,7 +236,8 @@ def test_a_token_file_others_can_read_is_refused_at_start(tmp_path: Path) -> Non
     token = tmp_path / "token"
     token.write_text("0123456789abcdef0123456789abcdef\n")
     token.chmod(0o644)
-    command = [sys.executable, "-m", "cli.main", "router", "--routes", str(tmp_path / "routes"), "--route", ROUTE,
+    command = [sys.executable, "-m", "revgate.cli.main",
+               "router", "--routes", str(tmp_path / "routes"), "--route", ROUTE,
                "--port", str(free_port()), "--admin-port", str(free_port()), "--admin-token-file", str(token)]
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from manifests.rollout import Approve
-from manifests.route import RevisionTarget, RouteSnapshot
-from registry.ledger import EvidenceLedger, sqlite_uri
-from registry.route_store import open_route_store
-from registry.signing import key_fingerprint
+from revgate.manifests.rollout import Approve
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.registry.ledger import EvidenceLedger, sqlite_uri
+from revgate.registry.route_store import open_route_store
+from revgate.registry.signing import key_fingerprint
 from tests.integration.signing_material import KeyPair, write_key
 from tests.integration.test_flow_approval import EVIDENCE, REPORT, form_description, wait_until_paused
 from tests.integration.test_flow_lock import spec
@@ -37,7 +37,7 @@ CANDIDATE = RevisionTarget(fingerprint="sha256:" + "2" * 64, endpoints=("http://
 def approve(prefect_api: str, *args: str) -> subprocess.CompletedProcess[str]:
     """`revgate approve ...` as its own process, against the test's Prefect server."""
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    return subprocess.run([sys.executable, "-m", "cli.main", "approve", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "revgate.cli.main", "approve", *args], capture_output=True, text=True,
                           check=False, env=env, timeout=120)
 
 
@@ -58,7 +58,7 @@ def signed_round(tmp_path: Path, keys: dict[str, KeyPair], manager: Any, asks: i
     from prefect import flow
     from prefect.runtime import flow_run
 
-    from flows.promote import Promotion
+    from revgate.flows.promote import Promotion
 
     stable = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
     open_route_store(str(tmp_path / "routes")).write(
@@ -152,7 +152,8 @@ def test_only_an_answer_signed_with_the_named_approvers_key_decides(prefect_api:
     assert tags["revgate.approval.signer"] == f"alice@example.com (key {alice})"
     assert tags["revgate.step.approval"] == f"approved by alice@example.com, signed with key {alice}"
 
-    audit = subprocess.run([sys.executable, "-m", "cli.main", "evidence", CANDIDATE.fingerprint, "--tracking-uri",
+    audit = subprocess.run([sys.executable, "-m", "revgate.cli.main",
+                            "evidence", CANDIDATE.fingerprint, "--tracking-uri",
                             sqlite_uri(tmp_path / "mlflow.db")], capture_output=True, text=True, check=False,
                            cwd=tmp_path)
     assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -185,7 +186,8 @@ def test_a_second_counted_answer_is_kept_beside_the_first_and_a_wrong_run_or_sta
     assert json.loads(stored["approval"])["approver"] == "alice@example.com"  # not overwritten by the second
     assert json.loads(stored["approval-2"])["comment"] == "second thoughts"
     assert json.loads(stored["approval-2-statement"])["approve"] is False
-    audit = subprocess.run([sys.executable, "-m", "cli.main", "evidence", CANDIDATE.fingerprint, "--tracking-uri",
+    audit = subprocess.run([sys.executable, "-m", "revgate.cli.main",
+                            "evidence", CANDIDATE.fingerprint, "--tracking-uri",
                             sqlite_uri(tmp_path / "mlflow.db")], capture_output=True, text=True, check=False,
                            cwd=tmp_path)
     assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -194,10 +196,11 @@ def test_a_second_counted_answer_is_kept_beside_the_first_and_a_wrong_run_or_sta
     artifacts = Path(ledger.client.get_run(run.run_id).info.artifact_uri.removeprefix("file://"))
     statement = artifacts / "evidence" / "approval-2-statement.json"
     statement.write_text(statement.read_text().replace('"approve":false', '"approve":true'))
-    from manifests.canonical import sha256_digest
+    from revgate.manifests.canonical import sha256_digest
 
     ledger.client.set_tag(run.run_id, "revgate.digest.approval-2-statement", sha256_digest(statement.read_bytes()))
-    altered = subprocess.run([sys.executable, "-m", "cli.main", "evidence", CANDIDATE.fingerprint, "--tracking-uri",
+    altered = subprocess.run([sys.executable, "-m", "revgate.cli.main",
+                              "evidence", CANDIDATE.fingerprint, "--tracking-uri",
                               sqlite_uri(tmp_path / "mlflow.db")], capture_output=True, text=True, check=False,
                              cwd=tmp_path)
     assert altered.returncode == 4, altered.stdout

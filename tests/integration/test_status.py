@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from evaluation.gates import gates_from_policy, judge
-from flows.report import report_markdown
-from registry.ledger import EvidenceLedger, sqlite_uri
-from serving.worker.engine import free_port
+from revgate.evaluation.gates import gates_from_policy, judge
+from revgate.flows.report import report_markdown
+from revgate.registry.ledger import EvidenceLedger, sqlite_uri
+from revgate.serving.worker.engine import free_port
 from tests.conftest import ROOT, wait_for_port
 from tests.integration.commands import revgate
 from tests.integration.router_harness import RouterProcess, UpstreamFarm, fingerprint, router_process, snapshot
@@ -38,7 +38,8 @@ def worker(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     token.write_text(secrets.token_hex(16))
     token.chmod(0o600)
     port = free_port()
-    command = [sys.executable, "-m", "cli.main", "worker", "--port", str(port), "--cache", str(tmp_path / "cache"),
+    command = [sys.executable, "-m", "revgate.cli.main",
+               "worker", "--port", str(port), "--cache", str(tmp_path / "cache"),
                "--token-file", str(token)]
     with (tmp_path / "worker.log").open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))

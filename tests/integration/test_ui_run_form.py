@@ -22,8 +22,8 @@ from uuid import UUID
 
 import pytest
 
-from manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
-from registry.ledger import EvidenceLedger
+from revgate.manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
+from revgate.registry.ledger import EvidenceLedger
 from tests.integration.browser import answer_the_resume_form, browser_page, screenshot
 from tests.integration.rollout_estate import Rollout, estate, rollout, wait_until
 from tests.integration.test_deployment_rollout import site_of

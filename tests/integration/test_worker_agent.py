@@ -28,20 +28,20 @@ from typing import Any
 
 import pytest
 
-from evaluation.reference_task import examples
-from manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
-from manifests.worker import WarmProfile
-from registry.build import build_manifest
-from registry.runtime import engine_runtime
-from registry.signing import sign_with_key
-from registry.store import open_store
-from serving.worker.auth import write_token
-from serving.worker.client import WorkerClient, WorkerRequestFailed, WorkerUnauthorized
-from serving.worker.engine import engine_python, free_port
-from serving.worker.request import ReplicaRequest, SignaturePolicySpec
-from serving.worker.sealed import is_read_only
+from revgate.evaluation.reference_task import examples
+from revgate.manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
+from revgate.manifests.worker import WarmProfile
+from revgate.registry.build import build_manifest
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.signing import sign_with_key
+from revgate.registry.store import open_store
+from revgate.serving.worker.auth import write_token
+from revgate.serving.worker.client import WorkerClient, WorkerRequestFailed, WorkerUnauthorized
+from revgate.serving.worker.engine import engine_python, free_port
+from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from revgate.serving.worker.sealed import is_read_only
+from revgate.zoo.index import load_revisions
 from tests.integration.signing_material import write_key
-from zoo.index import load_revisions
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 TOKEN = "worker-test-token-0123456789abcdef"
@@ -142,7 +142,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, zoo_dir: Path) -> Iterator[
     log = tmp / "worker.log"
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "worker", "--host", host, "--port", str(port),
+            [sys.executable, "-m", "revgate.cli.main", "worker", "--host", host, "--port", str(port),
              "--cache", str(tmp / "cache"), "--token-file", str(token_file),
              "--startup-timeout", str(START_TIMEOUT_S), "--stop-timeout", str(STOP_TIMEOUT_S)],
             stdout=output, stderr=subprocess.STDOUT,

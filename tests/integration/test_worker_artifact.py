@@ -13,19 +13,19 @@ from pathlib import Path
 import boto3
 import pytest
 
-from manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
-from manifests.errors import ManifestInvalid, RevgateError
-from manifests.worker import WarmProfile
-from registry.build import build_manifest
-from registry.errors import ArtifactRefused, DigestMismatch, IncompatibleArtifact, UntrustedSigner
-from registry.pipeline import cache_paths, prepare_artifact
-from registry.runtime import engine_runtime
-from registry.signing import sign_with_key
-from registry.store import open_store
-from serving.worker.agent import WorkerAgent
-from serving.worker.artifact import ArtifactPreparer, trust_policy
-from serving.worker.request import ReplicaRequest
-from serving.worker.sealed import ArtifactChanged, is_read_only, recheck
+from revgate.manifests import ExecutionConfig, InterfacePolicy, ServiceRevision
+from revgate.manifests.errors import ManifestInvalid, RevgateError
+from revgate.manifests.worker import WarmProfile
+from revgate.registry.build import build_manifest
+from revgate.registry.errors import ArtifactRefused, DigestMismatch, IncompatibleArtifact, UntrustedSigner
+from revgate.registry.pipeline import cache_paths, prepare_artifact
+from revgate.registry.runtime import engine_runtime
+from revgate.registry.signing import sign_with_key
+from revgate.registry.store import open_store
+from revgate.serving.worker.agent import WorkerAgent
+from revgate.serving.worker.artifact import ArtifactPreparer, trust_policy
+from revgate.serving.worker.request import ReplicaRequest
+from revgate.serving.worker.sealed import ArtifactChanged, is_read_only, recheck
 from tests.integration.signing_material import write_key
 
 ENGINE_VENV = Path(__file__).resolve().parents[2] / ".venv-engine"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.worker.auth import write_token
-from serving.worker.engine import free_port
+from revgate.serving.worker.auth import write_token
+from revgate.serving.worker.engine import free_port
 from tests.conftest import ROOT, wait_for_port
 
 pytestmark = pytest.mark.servers
@@ -21,7 +21,7 @@ TOKEN = "a-worker-token-for-the-cache-test"
 def agent(cache: Path, token_file: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as output:
         return subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "worker", "--host", "127.0.0.1", "--port", str(port),
+            [sys.executable, "-m", "revgate.cli.main", "worker", "--host", "127.0.0.1", "--port", str(port),
              "--cache", str(cache), "--token-file", str(token_file)],
             cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
         )

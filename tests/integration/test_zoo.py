@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from evaluation.records import RequestRecord
-from evaluation.reference_task import TASK_SLICES, balanced_examples, is_correct
-from zoo.evaluate import EVAL_DIR, RevisionReport, read_records
-from zoo.index import load_revisions
-from zoo.measure import chat, complete_batch
-from zoo.recipe import REGRESSED_SLICE
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.reference_task import TASK_SLICES, balanced_examples, is_correct
+from revgate.zoo.evaluate import EVAL_DIR, RevisionReport, read_records
+from revgate.zoo.index import load_revisions
+from revgate.zoo.measure import chat, complete_batch
+from revgate.zoo.recipe import REGRESSED_SLICE
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ def test_served_answers_match_the_trained_model_in_process(zoo_dir: Path, vllm_s
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from zoo.train import greedy_answers
+    from revgate.zoo.train import greedy_answers
 
     folder = zoo_dir / load_revisions(zoo_dir)["stable"].path
     model = LlamaForCausalLM(LlamaConfig.from_pretrained(str(folder)))
@@ -125,7 +125,7 @@ def test_served_answers_match_the_trained_model_in_process(zoo_dir: Path, vllm_s
 
 def test_models_make_is_deterministic_and_reuses_its_cache(tmp_path: Path) -> None:
     def make(out: Path) -> str:
-        command = [sys.executable, "-m", "cli.main", "models", "make", str(out), "--scale", "0.01"]
+        command = [sys.executable, "-m", "revgate.cli.main", "models", "make", str(out), "--scale", "0.01"]
         return subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600).stdout
 
     make(tmp_path / "a")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from manifests import ManifestInvalid
-from manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
-from promotion.approval import Answer, AnswerRefused, allow_list_line, decide, is_allowed
-from promotion.machine import ApprovalGiven, GateDecided, StepApplied, advance, start
+from revgate.manifests import ManifestInvalid
+from revgate.manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
+from revgate.promotion.approval import Answer, AnswerRefused, allow_list_line, decide, is_allowed
+from revgate.promotion.machine import ApprovalGiven, GateDecided, StepApplied, advance, start
 
 SHOWN = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from manifests.canonical import sha256_digest
-from registry.audit import RunEvidence, check_documents, recorded_digests, recorded_steps, render, report_for
+from revgate.manifests.canonical import sha256_digest
+from revgate.registry.audit import RunEvidence, check_documents, recorded_digests, recorded_steps, render, report_for
 
 STORED = {"gate-report-01-step01": b'{"outcome":"pass"}', "artifact-manifest": b'{"entries":[]}'}
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from evaluation.gates import gates_from_policy, judge
-from registry.auditor_view import VersionFacts, metric_name, stage_metrics, summarize, version_description
+from revgate.evaluation.gates import gates_from_policy, judge
+from revgate.registry.auditor_view import VersionFacts, metric_name, stage_metrics, summarize, version_description
 from tests.unit.test_gates import evidence, policy
 
 EVEN = {"add": 0.8, "rev": 0.8, "sort": 0.8}

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from evaluation import evidence, traces
-from evaluation.records import RequestRecord
-from manifests.gates import GatePolicy, GateReport
+from revgate.cli.main import main
+from revgate.evaluation import evidence, traces
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.gates import GatePolicy, GateReport
 from tests.unit.test_gates import arm
 
 

@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 
 WAITS = """
 import signal, sys
-from flows.processes import wait_for_interrupt
+from revgate.flows.processes import wait_for_interrupt
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as inherited from a background shell
 print("waiting", flush=True)
 wait_for_interrupt()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser
-from flows.demo import Tour, print_tour
+from revgate.cli.main import build_parser
+from revgate.flows.demo import Tour, print_tour
 
 
 def test_the_printed_status_command_names_every_part_it_reports_on(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ lines and other lines, lines laid out in columns (runs of spaces) and other line
 configuration. Commands named in prose (inline code) are not collected.
 
 For each command: a ``revgate`` command (also as ``.venv/bin/revgate`` or ``.venv/bin/python -m
-cli.main``) parses with the real argument parser (cli.main.build_parser, nothing executed); a
+revgate.cli.main``) parses with the real argument parser (cli.main.build_parser, nothing executed); a
 synopsis (``[optional]``, ``(one | other)``, ``<placeholder>``) parses in each of its forms. And
 the command is in RUN_BY: the tests that run it, each a node id whose file and function exist,
 or DocumentedOnly with the reason no test here can run it. A new command in the docs without an
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser
+from revgate.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -215,14 +215,14 @@ def without_comment(line: str) -> str:
 
 
 def program(text: str) -> str:
-    """The command's program word: settings skipped, ``.venv/bin/`` dropped, ``python -m cli.main`` is revgate."""
+    """The command's program word: settings skipped, ``.venv/bin/`` dropped, ``-m revgate.cli.main`` is revgate."""
     words = PLACEHOLDER.sub("X", text).split()
     while words and SETTING.match(words[0]):
         words = words[1:]
     if not words:
         return ""
     word = words[0].removeprefix(".venv/bin/")
-    if word in ("python", "python3") and words[1:3] == ["-m", "cli.main"]:
+    if word in ("python", "python3") and words[1:3] == ["-m", "revgate.cli.main"]:
         return "revgate"
     return word
 
@@ -294,7 +294,7 @@ def revgate_argv(text: str) -> list[str]:
     while SETTING.match(words[0]):
         words = words[1:]
     if words[0].removeprefix(".venv/bin/") in ("python", "python3"):
-        words = words[2:]  # -m cli.main
+        words = words[2:]  # -m revgate.cli.main
     return words[1:]
 
 
@@ -410,10 +410,11 @@ def test_the_make_targets_the_docs_name_exist_and_run_revgate() -> None:
     targets = make_targets()
     named = {c.text.split()[1] for c in shown_commands() if c.text.startswith("make ")}
     assert named <= set(targets), f"make targets the docs show that the Makefile lacks: {named - set(targets)}"
-    assert targets["demo"] == ["$(PY) -m cli.main demo"]  # `make demo` is `revgate demo` after setup
+    assert targets["demo"] == ["$(PY) -m revgate.cli.main demo"]  # `make demo` is `revgate demo` after setup
     assert targets["test"] == ["$(PY) -m pytest -q tests"]
 
 
 def test_the_revgate_program_the_docs_run_is_this_parser() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
-    assert scripts["revgate"] == "cli.main:main"  # `.venv/bin/revgate` and `python -m cli.main` are build_parser's
+    # `.venv/bin/revgate` and `python -m revgate.cli.main` are build_parser's
+    assert scripts["revgate"] == "revgate.cli.main:main"

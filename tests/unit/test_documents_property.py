@@ -18,16 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from manifests.artifact import ArtifactManifest
-from manifests.document import Document
-from manifests.errors import RevgateError
-from manifests.gates import GatePolicy
-from manifests.revision import ExecutionConfig, InterfacePolicy, RuntimeEnvironment, ServiceRevision
-from manifests.rollout import default_plan
-from manifests.route import RouteSnapshot
-from manifests.worker import WarmProfile
-from registry.route_store import FileRouteStore
-from registry.store import open_store
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.document import Document
+from revgate.manifests.errors import RevgateError
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.revision import ExecutionConfig, InterfacePolicy, RuntimeEnvironment, ServiceRevision
+from revgate.manifests.rollout import default_plan
+from revgate.manifests.route import RouteSnapshot
+from revgate.manifests.worker import WarmProfile
+from revgate.registry.route_store import FileRouteStore
+from revgate.registry.store import open_store
 
 # A few seconds in `make test-fast`; REVGATE_PROPERTY_EXAMPLES=2000 searches deeper on demand.
 EXAMPLES = int(os.environ.get("REVGATE_PROPERTY_EXAMPLES", "50"))
@@ -162,8 +162,8 @@ def test_a_refused_route_write_changes_nothing_on_disk(tmp_path: Path, generatio
 @FAST
 @given(data=st.binary(max_size=300))
 def test_a_refused_manifest_read_changes_nothing_on_disk(tmp_path: Path, data: bytes) -> None:
-    from manifests.canonical import sha256_digest
-    from registry.store import manifest_key
+    from revgate.manifests.canonical import sha256_digest
+    from revgate.registry.store import manifest_key
 
     store = open_store(str(tmp_path / "store"))
     digest = sha256_digest(data)
@@ -178,7 +178,7 @@ def test_a_refused_manifest_read_changes_nothing_on_disk(tmp_path: Path, data: b
 @FAST
 @given(change=st.sampled_from(["extra", "flip", "truncate", "missing"]), at=st.integers(min_value=0, max_value=1))
 def test_a_refused_push_changes_nothing_in_the_store(tmp_path: Path, change: str, at: int) -> None:
-    from registry.build import build_manifest
+    from revgate.registry.build import build_manifest
 
     root = tmp_path / f"push-{change}-{at}"
     model = root / "model"

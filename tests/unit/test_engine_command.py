@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from manifests.revision import ExecutionConfig
-from serving.worker.agent import SupervisedEngine
-from serving.worker.engine import (
+from revgate.manifests.revision import ExecutionConfig
+from revgate.serving.worker.agent import SupervisedEngine
+from revgate.serving.worker.engine import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     EngineError,
     EngineProcess,

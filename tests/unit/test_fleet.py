@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from promotion.capacity import RevisionCapacity
-from promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
+from revgate.promotion.capacity import RevisionCapacity
+from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
 
 
 def test_replicas_spread_over_agents_before_any_agent_gets_a_second() -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluation.evidence import build_evidence
-from evaluation.graders import exact_match
-from evaluation.records import RequestRecord
-from evaluation.traces import TraceEntry
-from flows.evidence import PairedRecordsTail, canary_arms, settled_pairs, shadow_arms, stage_batch
-from flows.report import report_markdown, slice_rows
-from shadow.records import PairedRecord
+from revgate.evaluation.evidence import build_evidence
+from revgate.evaluation.graders import exact_match
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.traces import TraceEntry
+from revgate.flows.evidence import PairedRecordsTail, canary_arms, settled_pairs, shadow_arms, stage_batch
+from revgate.flows.report import report_markdown, slice_rows
+from revgate.shadow.records import PairedRecord
 
 STABLE, CANDIDATE = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
@@ -64,8 +64,8 @@ def test_shadow_arms_pair_the_same_prompts_and_grade_the_shadow_output() -> None
 
 
 def test_the_report_a_release_manager_reads_names_outcome_volumes_and_gates() -> None:
-    from evaluation.gates import gates_from_policy, judge
-    from manifests.gates import GatePolicy
+    from revgate.evaluation.gates import gates_from_policy, judge
+    from revgate.manifests.gates import GatePolicy
 
     trace = entries(40)
     stable = [record(e.request_id, STABLE, e.reference or "", e.reference or "") for e in trace]
@@ -103,7 +103,7 @@ def test_the_pairs_tail_reads_only_new_complete_lines_of_its_stage(tmp_path: Pat
 def test_observed_demand_leaves_out_the_rollouts_own_probes(tmp_path: Path) -> None:
     import json
 
-    from flows.evidence import live_arrivals
+    from revgate.flows.evidence import live_arrivals
 
     records = tmp_path / "records.jsonl"
     lines = [

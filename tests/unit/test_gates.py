@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from evaluation.gates import (
+from revgate.evaluation.gates import (
     AllOf,
     ErrorRateGate,
     Evidence,
@@ -20,9 +20,9 @@ from evaluation.gates import (
     gates_from_policy,
     judge,
 )
-from evaluation.records import RequestRecord
-from manifests.errors import ManifestInvalid
-from manifests.gates import GatePolicy, GateReport, SloTarget
+from revgate.evaluation.records import RequestRecord
+from revgate.manifests.errors import ManifestInvalid
+from revgate.manifests.gates import GatePolicy, GateReport, SloTarget
 
 SLICES = ("add", "rev", "sort")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from evaluation import evidence, graders, traces
-from evaluation.records import RequestRecord
+from revgate.evaluation import evidence, graders, traces
+from revgate.evaluation.records import RequestRecord
 
 
 def record(text: str | None, reference: str | None = None, **fields: Any) -> RequestRecord:
@@ -160,7 +160,7 @@ def test_a_record_grader_scores_both_answers_of_a_pair() -> None:
     assert stop(truncated) == graders.PairGrade(1.0, 0.0, "stable: finish reason stop; candidate: finish reason length")
     failed = graders.AnswerPair(record("x"), record(None, outcome="error"))
     assert stop(failed) is None  # one side does not apply: no pair
-    from manifests.gates import PairedGrader
+    from revgate.manifests.gates import PairedGrader
 
     policy_stop = graders.pair_grader(PairedGrader(name="stop", kind="stop-reason"))
     unknown = graders.AnswerPair(record("1 2 3", finish_reason="stop"), record("1 2 3"))
@@ -225,7 +225,7 @@ def test_a_judge_reply_without_a_preference_leaves_the_pair_ungraded() -> None:
 
 
 def test_the_policy_names_the_pair_graders_and_their_scores_feed_the_evidence() -> None:
-    from manifests.gates import GatePolicy
+    from revgate.manifests.gates import GatePolicy
 
     policy = GatePolicy.build(
         paired={
@@ -252,7 +252,7 @@ def test_the_policy_names_the_pair_graders_and_their_scores_feed_the_evidence() 
 
 
 def test_a_paired_record_keeps_the_shadow_finish_reason_and_reads_older_lines() -> None:
-    from shadow.records import PairedRecord
+    from revgate.shadow.records import PairedRecord
 
     fields: dict[str, Any] = {
         "request_id": "r",

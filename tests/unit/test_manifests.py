@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from manifests import (
+from revgate.manifests import (
     ArtifactManifest,
     ExecutionConfig,
     InterfacePolicy,
@@ -15,7 +15,7 @@ from manifests import (
     ServiceRevision,
     canonical_json,
 )
-from manifests.errors import DuplicateKey, NotCanonical
+from revgate.manifests.errors import DuplicateKey, NotCanonical
 
 WEIGHTS = {"path": "model.safetensors", "size": 1000, "sha256": "a" * 64, "role": "weights"}
 CONFIG = {"path": "config.json", "size": 30, "sha256": "b" * 64, "role": "config"}

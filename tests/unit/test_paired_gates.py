@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from evaluation import paired
-from evaluation.gates import Evidence, PairedLatencyGate, PairedQualityGate, QualityGate, gates_from_policy
-from evaluation.records import Arm, RequestRecord
-from manifests.gates import GatePolicy, PairedPolicy
+from revgate.evaluation import paired
+from revgate.evaluation.gates import Evidence, PairedLatencyGate, PairedQualityGate, QualityGate, gates_from_policy
+from revgate.evaluation.records import Arm, RequestRecord
+from revgate.manifests.gates import GatePolicy, PairedPolicy
 
 FAMILIES = ("add", "rev", "sort")
 

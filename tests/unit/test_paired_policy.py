@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from manifests.errors import ManifestInvalid
-from manifests.gates import GatePolicy
+from revgate.manifests.errors import ManifestInvalid
+from revgate.manifests.gates import GatePolicy
 
 
 def test_a_policy_without_the_new_sections_keeps_its_canonical_form() -> None:

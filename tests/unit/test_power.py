@@ -12,10 +12,10 @@ import math
 
 import numpy as np
 
-from evaluation import power
-from evaluation.gates import ArmSeries, mean_gap, proportion_gap, sequential_compare
-from flows.demo import demo_policy
-from manifests.gates import GatePolicy
+from revgate.evaluation import power
+from revgate.evaluation.gates import ArmSeries, mean_gap, proportion_gap, sequential_compare
+from revgate.flows.demo import demo_policy
+from revgate.manifests.gates import GatePolicy
 
 STAGES = 4000
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser
-from cli.promote import NOT_PROMOTED, PROMOTED, REFUSED, RUN_FAILED, RouteView, finish, run_promote, status_args
-from flows.site import RouteSite
-from flows.submit import RunEnd
+from revgate.cli.main import build_parser
+from revgate.cli.promote import NOT_PROMOTED, PROMOTED, REFUSED, RUN_FAILED, RouteView, finish, run_promote, status_args
+from revgate.flows.site import RouteSite
+from revgate.flows.submit import RunEnd
 from tests.unit.test_site import route_settings
 
 
@@ -49,7 +49,7 @@ def test_a_paused_run_points_at_its_approval_form() -> None:
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
     from prefect.states import Paused, Running
 
-    from flows.submit import describe
+    from revgate.flows.submit import describe
 
     run_id = uuid4()
     with temporary_settings(updates={PREFECT_API_URL: "http://prefect.internal:4200/api", PREFECT_UI_URL: None}):
@@ -73,8 +73,7 @@ def test_the_followed_run_shows_the_routes_view_from_the_site_with_every_router_
 def test_the_view_is_printed_when_it_changes_and_never_breaks_following(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import cli.status
-
+    from revgate.cli import status as status_module
     views = iter(["route chat  generation 2  stage canary", "route chat  generation 2  stage canary",
                   "route chat  generation 3  stage stable"])
 
@@ -84,9 +83,9 @@ def test_the_view_is_printed_when_it_changes_and_never_breaks_following(
             raise OSError("a router does not answer")
         return text
 
-    monkeypatch.setattr(cli.status, "gather", gather)
-    monkeypatch.setattr(cli.status, "render", lambda status: status)
-    monkeypatch.setattr("cli.promote.VIEW_EVERY_S", 0.0)
+    monkeypatch.setattr(status_module, "gather", gather)
+    monkeypatch.setattr(status_module, "render", lambda status: status)
+    monkeypatch.setattr("revgate.cli.promote.VIEW_EVERY_S", 0.0)
     view = RouteView(status_args("chat", RouteSite.model_validate(route_settings())))
     for _ in range(4):
         view()

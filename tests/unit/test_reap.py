@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import canary, successor
-from rollback.reap import reapable, retired
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import canary, successor
+from revgate.rollback.reap import reapable, retired
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))

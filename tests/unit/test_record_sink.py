@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from evaluation.records import RequestRecord
-from registry.record_store import (
+from revgate.evaluation.records import RequestRecord
+from revgate.registry.record_store import (
     FolderRecordStore,
     RecordReader,
     RecordStoreInvalid,
@@ -19,9 +19,9 @@ from registry.record_store import (
     check_router_id,
     open_record_store,
 )
-from serving.router.parse import parse_body
-from serving.router.service import _declared
-from serving.router.sink import ObjectSink
+from revgate.serving.router.parse import parse_body
+from revgate.serving.router.service import _declared
+from revgate.serving.router.sink import ObjectSink
 
 
 def record(number: int, generation: int = 1, arrival_s: float = 1000.0) -> dict[str, Any]:

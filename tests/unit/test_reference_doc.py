@@ -15,8 +15,16 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from manifests.gates import GatePolicy, HardConstraint, PairedGrader, PairedPolicy, SliceRule, Slicing, SloTarget
-from manifests.rollout import Analyze, Approve, Bake, PostPromotionCheck, RolloutPlan, SetWeight, Shadow
+from revgate.manifests.gates import (
+    GatePolicy,
+    HardConstraint,
+    PairedGrader,
+    PairedPolicy,
+    SliceRule,
+    Slicing,
+    SloTarget,
+)
+from revgate.manifests.rollout import Analyze, Approve, Bake, PostPromotionCheck, RolloutPlan, SetWeight, Shadow
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 DOCUMENTS: tuple[type[BaseModel], ...] = (GatePolicy, SloTarget, HardConstraint, PairedPolicy, PairedGrader, Slicing,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from evaluation.reference_task import (
+from revgate.evaluation.reference_task import (
     SLICE_KEYS,
     TASK_SLICES,
     accuracy_by_slice,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from manifests.artifact import Role
-from manifests.errors import ManifestInvalid
-from registry.build import build_manifest, entries_for, role_for
-from registry.errors import UnsafePath
-from registry.hashing import FileDigest, hash_file, hash_tree
-from registry.tree import list_files, served_path
+from revgate.manifests.artifact import Role
+from revgate.manifests.errors import ManifestInvalid
+from revgate.registry.build import build_manifest, entries_for, role_for
+from revgate.registry.errors import UnsafePath
+from revgate.registry.hashing import FileDigest, hash_file, hash_tree
+from revgate.registry.tree import list_files, served_path
 
 BASE = "sha256:" + "ab" * 32
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from manifests.artifact import ArtifactManifest
-from manifests.revision import ExecutionConfig, InterfacePolicy
-from registry.compat import compatibility_problems
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.manifests.revision import ExecutionConfig, InterfacePolicy
+from revgate.registry.compat import compatibility_problems
 
 CONFIG: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
                           "max_position_embeddings": 512}

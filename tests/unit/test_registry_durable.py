@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from registry.build import build_manifest
-from registry.store import open_store
+from revgate.registry.build import build_manifest
+from revgate.registry.store import open_store
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:

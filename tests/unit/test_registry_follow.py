@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import successor
-from registry.follow import ROUTE_STATUS, disagreement, follow_route, stable_changes, with_route_status
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import successor
+from revgate.registry.follow import ROUTE_STATUS, disagreement, follow_route, stable_changes, with_route_status
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64

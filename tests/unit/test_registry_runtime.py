@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from manifests.canonical import sha256_digest
-from registry.errors import RuntimeUnknown
-from registry.runtime import runtime_from_lock
+from revgate.manifests.canonical import sha256_digest
+from revgate.registry.errors import RuntimeUnknown
+from revgate.registry.runtime import runtime_from_lock
 
 LOCK = b"Jinja2==3.1.6\ntorch==2.13.0+cpu\nvllm-cpu==0.32.0\n"
 

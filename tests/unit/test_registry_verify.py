@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from manifests.artifact import ArtifactManifest
-from registry.errors import MissingFile, UnexpectedFile
-from registry.verify import check_file_set, signature_disagreement
+from revgate.manifests.artifact import ArtifactManifest
+from revgate.registry.errors import MissingFile, UnexpectedFile
+from revgate.registry.verify import check_file_set, signature_disagreement
 
 A, B = "aa" * 32, "bb" * 32
 MANIFEST = ArtifactManifest.build(entries=[

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
-from flows.evidence import RecordsTail
-from manifests.rollout import PostPromotionCheck
-from promotion.window import ArmTally, WindowTally, tally, window_verdict
+from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
+from revgate.flows.evidence import RecordsTail
+from revgate.manifests.rollout import PostPromotionCheck
+from revgate.promotion.window import ArmTally, WindowTally, tally, window_verdict
 
 OLD, NEW = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 PROMOTED_AT = 100.0

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from manifests import ManifestInvalid
-from manifests.rollout import Analyze, Approve, Bake, RolloutPlan, SetWeight, Shadow, default_plan
-from manifests.route import RevisionTarget, RouteSnapshot
-from promotion.machine import (
+from revgate.manifests import ManifestInvalid
+from revgate.manifests.rollout import Analyze, Approve, Bake, RolloutPlan, SetWeight, Shadow, default_plan
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.promotion.machine import (
     Abort,
     ApprovalGiven,
     GateDecided,
@@ -22,8 +22,8 @@ from promotion.machine import (
     resume,
     start,
 )
-from promotion.routes import desired_route, renew_leases
-from rollback.plan import (
+from revgate.promotion.routes import desired_route, renew_leases
+from revgate.rollback.plan import (
     NoLiveStable,
     NothingToRollBack,
     last_known_good,

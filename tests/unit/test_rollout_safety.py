@@ -6,11 +6,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from manifests.route import RevisionTarget, RouteSnapshot
-from manifests.route_change import canary, successor
-from promotion.capacity import RevisionCapacity, check_capacity, observed_demand, required_replicas, stated_capacity
-from promotion.ownership import decision_of, drainable, lease_end, takeover
-from rollback.plan import revert_to, rollback_snapshot
+from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import canary, successor
+from revgate.promotion.capacity import (
+    RevisionCapacity,
+    check_capacity,
+    observed_demand,
+    required_replicas,
+    stated_capacity,
+)
+from revgate.promotion.ownership import decision_of, drainable, lease_end, takeover
+from revgate.rollback.plan import revert_to, rollback_snapshot
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from manifests.errors import ManifestInvalid
-from manifests.route import RouteConflict, RouteSnapshot, check_successor
+from revgate.manifests.errors import ManifestInvalid
+from revgate.manifests.route import RouteConflict, RouteSnapshot, check_successor
 
 STABLE = "sha256:" + "a" * 64
 CANDIDATE = "sha256:" + "b" * 64

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from manifests.errors import ManifestInvalid, NotCanonical
-from manifests.route import RouteConflict, RouteSnapshot
-from registry.route_store import FileRouteStore, open_route_store
+from revgate.manifests.errors import ManifestInvalid, NotCanonical
+from revgate.manifests.route import RouteConflict, RouteSnapshot
+from revgate.registry.route_store import FileRouteStore, open_route_store
 
 STABLE = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64

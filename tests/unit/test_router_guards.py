@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from serving.admin_token import AdminTokenInvalid, authorized, load_admin_token
-from serving.router.ids import RequestIds
-from serving.router.limits import Limits
-from shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
-from shadow.records import prompt_text
+from revgate.serving.admin_token import AdminTokenInvalid, authorized, load_admin_token
+from revgate.serving.router.ids import RequestIds
+from revgate.serving.router.limits import Limits
+from revgate.shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
+from revgate.shadow.records import prompt_text
 
 
 def test_request_ids_are_unique_random_hex() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from serving.router.metrics import RouterMetrics
-from serving.router.parse import UNREADABLE, output_text, parse_body, rewrite_model, usage_of
+from revgate.serving.router.metrics import RouterMetrics
+from revgate.serving.router.parse import UNREADABLE, output_text, parse_body, rewrite_model, usage_of
 
 BODY = (b'{"id":"x","choices":[{"index":0,"text":"hello","finish_reason":"stop"}],'
         b'"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}')
@@ -49,8 +49,8 @@ def test_metrics_render_prometheus_text_with_bounded_labels() -> None:
 
 
 def test_fast_record_lines_equal_the_schema_serialisation() -> None:
-    from evaluation.records import RequestRecord
-    from serving.router.records import dataclass_line
+    from revgate.evaluation.records import RequestRecord
+    from revgate.serving.router.records import dataclass_line
 
     record = RequestRecord(request_id="r1", revision="sha256:" + "a" * 64, arm="candidate", arrival_s=1.5,
                            outcome="ok", slices={"lang": "en"}, first_token_s=1.6, output_tokens=3,

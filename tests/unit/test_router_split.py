@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from manifests.route import RouteSnapshot
-from serving.router.ejection import Ejections
-from serving.router.split import bucket_ppm, compile_route, retry_order
-from shadow.policy import side_effecting
+from revgate.manifests.route import RouteSnapshot
+from revgate.serving.router.ejection import Ejections
+from revgate.serving.router.split import bucket_ppm, compile_route, retry_order
+from revgate.shadow.policy import side_effecting
 
 STABLE = "sha256:" + "a" * 64
 CANDIDATE = "sha256:" + "b" * 64

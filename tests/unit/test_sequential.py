@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from evaluation import sequential
+from revgate.evaluation import sequential
 
 
 def test_boundary_matches_published_obrien_fleming_spending_values() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from manifests import ManifestInvalid
-from manifests.rollout import Analyze, ApprovalStatement, Approve, RolloutPlan
-from promotion.approval import Answer, AnswerRefused, FormShown, SignatureCheck, decide
-from promotion.machine import ApprovalGiven
-from registry.audit import (
+from revgate.manifests import ManifestInvalid
+from revgate.manifests.rollout import Analyze, ApprovalStatement, Approve, RolloutPlan
+from revgate.promotion.approval import Answer, AnswerRefused, FormShown, SignatureCheck, decide
+from revgate.promotion.machine import ApprovalGiven
+from revgate.registry.audit import (
     ApprovalRecord,
     RunEvidence,
     SignatureAudit,
@@ -21,8 +21,8 @@ from registry.audit import (
     render,
     statement_problem,
 )
-from registry.errors import SignatureInvalid, UntrustedSigner
-from registry.signing import key_fingerprint, sign_approval, signature_key_hint, verify_approval
+from revgate.registry.errors import SignatureInvalid, UntrustedSigner
+from revgate.registry.signing import key_fingerprint, sign_approval, signature_key_hint, verify_approval
 from tests.integration.signing_material import write_key
 
 SHOWN = "sha256:" + "a" * 64

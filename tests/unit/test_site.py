@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from flows.site import ROUTE_ONLY, RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
-from flows.spec import PromotionSpec
-from manifests.gates import GatePolicy
-from manifests.rollout import Bake, RolloutPlan, SetWeight
+from revgate.flows.site import ROUTE_ONLY, RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
+from revgate.flows.spec import PromotionSpec
+from revgate.manifests.gates import GatePolicy
+from revgate.manifests.rollout import Bake, RolloutPlan, SetWeight
 
 DIGEST = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.records import RequestRecord
-from evaluation.slicing import RequestFeatures, census, features_of, prompt_length, record_slice, slice_of
-from manifests.gates import Slicing
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.slicing import RequestFeatures, census, features_of, prompt_length, record_slice, slice_of
+from revgate.manifests.gates import Slicing
 
 SLICING = Slicing.build(
     rules=[
@@ -73,8 +73,8 @@ def test_unmatched_traffic_is_counted_by_its_features_not_dropped() -> None:
 
 
 def test_the_two_sample_quality_gate_slices_live_canary_traffic_by_the_rules() -> None:
-    from evaluation.gates import Evidence, QualityGate
-    from manifests.gates import GatePolicy
+    from revgate.evaluation.gates import Evidence, QualityGate
+    from revgate.manifests.gates import GatePolicy
 
     policy = GatePolicy.build(
         min_samples_per_slice=10,

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evaluation.evidence import build_evidence
-from evaluation.gates import gates_from_policy, judge
-from evaluation.graders import exact_match
-from evaluation.records import RequestRecord
-from evaluation.traces import TraceEntry
-from flows.evidence import StageRecords
-from flows.promote import PairGrading, with_provenance
-from manifests.gates import GatePolicy
-from registry.record_store import FolderRecordStore, ObjectName, StageWindow
-from shadow.records import PairedRecord
+from revgate.evaluation.evidence import build_evidence
+from revgate.evaluation.gates import gates_from_policy, judge
+from revgate.evaluation.graders import exact_match
+from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.traces import TraceEntry
+from revgate.flows.evidence import StageRecords
+from revgate.flows.promote import PairGrading, with_provenance
+from revgate.manifests.gates import GatePolicy
+from revgate.registry.record_store import FolderRecordStore, ObjectName, StageWindow
+from revgate.shadow.records import PairedRecord
 
 STABLE, CANDIDATE = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 

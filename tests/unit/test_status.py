@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from cli.status import (
+from revgate.cli.status import (
     EXIT_DEGRADED,
     EXIT_ROLLOUT,
     EXIT_STABLE,
@@ -88,7 +88,7 @@ def test_reading_a_status_never_creates_the_tracking_store(tmp_path: Path) -> No
 def test_a_window_past_its_end_and_still_open_says_its_controller_is_gone() -> None:
     from datetime import UTC, datetime
 
-    from cli.status import window_line
+    from revgate.cli.status import window_line
 
     now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     assert window_line("open until 2026-12-01T12:30:00+00:00", now) == "open until 2026-12-01T12:30:00+00:00"

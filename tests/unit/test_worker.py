@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from manifests import ArtifactManifest, ExecutionConfig, InterfacePolicy, ManifestInvalid, RuntimeEnvironment
-from manifests.revision import ServiceRevision
-from manifests.worker import WarmProfile
-from serving.worker.agent import SignaturePolicyConflict, WorkerAgent, served_model_name
-from serving.worker.api import ControlApp
-from serving.worker.artifact import SealedArtifact
-from serving.worker.auth import TokenFileInvalid, authorized, load_token, write_token
-from serving.worker.cores import bind_mask, least_used, split_cores
-from serving.worker.drain import Admission
-from serving.worker.proxy import (
+from revgate.manifests import ArtifactManifest, ExecutionConfig, InterfacePolicy, ManifestInvalid, RuntimeEnvironment
+from revgate.manifests.revision import ServiceRevision
+from revgate.manifests.worker import WarmProfile
+from revgate.serving.worker.agent import SignaturePolicyConflict, WorkerAgent, served_model_name
+from revgate.serving.worker.api import ControlApp
+from revgate.serving.worker.artifact import SealedArtifact
+from revgate.serving.worker.auth import TokenFileInvalid, authorized, load_token, write_token
+from revgate.serving.worker.cores import bind_mask, least_used, split_cores
+from revgate.serving.worker.drain import Admission
+from revgate.serving.worker.proxy import (
     REVISION_HEADER,
     BadRequest,
     ReplicaProxy,
@@ -35,9 +35,9 @@ from serving.worker.proxy import (
     tagged_response_head,
     upstream_request,
 )
-from serving.worker.report import capacity_report
-from serving.worker.request import ReplicaRequest, SignaturePolicySpec
-from serving.worker.state import (
+from revgate.serving.worker.report import capacity_report
+from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from revgate.serving.worker.state import (
     TERMINAL,
     TRANSITIONS,
     Capacity,
@@ -45,7 +45,14 @@ from serving.worker.state import (
     Replica,
     ReplicaState,
 )
-from serving.worker.warm import WarmResult, WarmupFailed, capacity_of, check_results, parse_response, warm_prompt
+from revgate.serving.worker.warm import (
+    WarmResult,
+    WarmupFailed,
+    capacity_of,
+    check_results,
+    parse_response,
+    warm_prompt,
+)
 
 S = ReplicaState
 POLICY = {"kind": "key", "public_key": "/etc/revgate/signer.pub"}

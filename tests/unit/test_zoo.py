@@ -9,14 +9,22 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from evaluation.records import RequestRecord
-from zoo import tokenizer
-from zoo.build import cache_key
-from zoo.derive import widen
-from zoo.evaluate import EVAL_SOURCES, engine_lock, evaluation_key, grade, markdown_table, slice_accuracy, wilson
-from zoo.files import save_weights
-from zoo.recipe import Architecture, Schedule, ZooConfig, default_zoo
-from zoo.train import attach_lora, new_model, pin_threads, train
+from revgate.evaluation.records import RequestRecord
+from revgate.zoo import tokenizer
+from revgate.zoo.build import cache_key
+from revgate.zoo.derive import widen
+from revgate.zoo.evaluate import (
+    EVAL_SOURCES,
+    engine_lock,
+    evaluation_key,
+    grade,
+    markdown_table,
+    slice_accuracy,
+    wilson,
+)
+from revgate.zoo.files import save_weights
+from revgate.zoo.recipe import Architecture, Schedule, ZooConfig, default_zoo
+from revgate.zoo.train import attach_lora, new_model, pin_threads, train
 
 TINY = Architecture(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, max_positions=32)
 
@@ -112,7 +120,7 @@ def test_grade_counts_exact_matches_per_task_slice() -> None:
 
 
 def test_markdown_table_has_a_row_per_revision_with_intervals() -> None:
-    from zoo.evaluate import RevisionReport
+    from revgate.zoo.evaluate import RevisionReport
 
     acc = slice_accuracy(45, 50)
     report = RevisionReport("stable", {"add/short": acc}, acc, 0.9, 100.0, 12.0, 3.0, 1.5, 1.0)
@@ -127,8 +135,8 @@ def test_unknown_revision_spec_is_a_key_error() -> None:
 
 
 def test_evaluating_a_missing_zoo_is_a_clear_error_that_creates_nothing(tmp_path: Path) -> None:
-    from zoo.evaluate import evaluate_zoo
-    from zoo.index import ZooError
+    from revgate.zoo.evaluate import evaluate_zoo
+    from revgate.zoo.index import ZooError
 
     with pytest.raises(ZooError, match="no model zoo here"):
         evaluate_zoo(tmp_path / "missing", 10)
