@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from revgate.cli.extras import missing_extra
 from revgate.manifests.errors import RevgateError
 
 # Each module defines ``register(subparsers)`` and sets ``func`` on its parsers.
@@ -45,7 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; exit code 0 only on success, 2 on a revgate error with its explanation."""
     args = build_parser().parse_args(argv)
     try:
-        result: int = args.func(args)
+        try:
+            result: int = args.func(args)
+        except ModuleNotFoundError as error:
+            explained = missing_extra(error, args.command)
+            if explained is None:
+                raise
+            raise explained from error
     except RevgateError as error:
         print(f"revgate: {type(error).__name__}: {error}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from revgate.serving.worker.main import serve_worker
+from revgate.serving.worker.engine import EngineError, engine_python
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -32,11 +32,26 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=run)
 
 
+def engine_interpreter(given: Path | None) -> Path:
+    """The engine environment's interpreter, checked before the agent serves anything."""
+    python = given or engine_python()
+    if not python.is_file():
+        raise EngineError(
+            f"no engine environment: {python} does not exist", where="--engine-python",
+            fix="Install vLLM in an environment of its own (docs/fleet.md) and pass its interpreter with "
+            "--engine-python or $REVGATE_ENGINE_PYTHON",
+        )
+    return python
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve the control API until interrupted; on shutdown every replica is drained."""
+    from revgate.serving.worker.main import serve_worker  # the [worker] extra (uvicorn)
+
+    python = engine_interpreter(args.engine_python)
     asyncio.run(serve_worker(
         host=args.host, port=args.port, cache=args.cache, token_file=args.token_file,
-        device=args.device, engine_python=args.engine_python, startup_timeout_s=args.startup_timeout,
+        device=args.device, engine_python=python, startup_timeout_s=args.startup_timeout,
         stop_timeout_s=args.stop_timeout, cpu_slots=args.cpu_slots, replica_host=args.replica_host,
     ))
     return 0

@@ -211,9 +211,11 @@ class RouterProcess:
 
 @contextlib.contextmanager
 def router_process(
-    folder: Path, route: str, first: RouteSnapshot, *, poll_interval: float = 0.2, extra: tuple[str, ...] = ()
+    folder: Path, route: str, first: RouteSnapshot, *, poll_interval: float = 0.2, extra: tuple[str, ...] = (),
+    program: tuple[str, ...] = (),
 ) -> Iterator[RouterProcess]:
-    """Start ``revgate router`` on free ports over a file store holding ``first`` (``extra``: more flags)."""
+    """Start ``revgate router`` on free ports over a file store holding ``first`` (``extra``: more flags;
+    ``program``: an installed ``revgate`` command to run instead of this checkout's, from ``folder``)."""
     store = FileRouteStore(folder / "routes")
     store.write(first)
     token = secrets.token_hex(16)
@@ -221,12 +223,14 @@ def router_process(
     (folder / "token").chmod(0o600)  # the router refuses a token file others can read
     port, admin_port = free_port(), free_port()
     records, paired = folder / "records.jsonl", folder / "paired.jsonl"
-    command = [sys.executable, "-m", "revgate.cli.main", "router", "--routes", str(folder / "routes"), "--route", route,
+    command = [*(program or (sys.executable, "-m", "revgate.cli.main")), "router", "--routes", str(folder / "routes"),
+               "--route", route,
                "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin_port),
                "--admin-token-file", str(folder / "token"), "--records", str(records),
                "--paired-records", str(paired), "--poll-interval", str(poll_interval), *extra]
     log = (folder / "router.log").open("wb")
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    process = subprocess.Popen(command, cwd=folder if program else ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               env=dict(os.environ))
     try:
         wait_for_port(port, 30, process)
         wait_for_port(admin_port, 30, process)
