@@ -69,6 +69,9 @@ DEMO = "tests/integration/test_promotion_demo.py"
 STATUS = "tests/integration/test_status.py"
 MAKE = "tests/unit/test_docs_commands.py::test_the_make_targets_the_docs_name_exist_and_run_revgate"
 SIGNED_APPROVAL = "tests/integration/test_signed_approval.py"
+PACKAGING = "tests/integration/test_packaging.py"
+LIGHT_HOSTS = (f"{PACKAGING}::test_a_router_and_a_worker_agent_serve_from_their_light_environments",
+               f"{PACKAGING}::test_the_light_hosts_carry_no_control_plane_and_the_control_host_no_zoo")
 
 # Command text (as shown, continuation lines joined, comment dropped) -> the tests that run it.
 RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
@@ -163,6 +166,12 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     "revgate gc --routes s3://routes/prod --worker http://gpu-1:8700 --worker http://gpu-2:8700 "
     "--token-file worker.token": (
         "tests/integration/test_rollout_faults.py::test_a_killed_controller_leaves_stable_serving_within_one_lease",),
+    # docs/fleet.md, README.md: the wheel of this checkout, installed with each extra
+    'pip install "revgate[router]"': LIGHT_HOSTS,
+    'pip install "revgate[worker]"': LIGHT_HOSTS,
+    'pip install "revgate[control]"': (f"{PACKAGING}::test_promote_runs_from_the_control_extra",),
+    "pip install revgate": (f"{PACKAGING}::test_a_command_from_a_host_without_its_extra_names_the_pip_command",
+                            f"{PACKAGING}::test_the_wheel_and_every_install_add_one_import_name"),
     # docs/auditor.md
     "revgate evidence sha256:5555 --tracking-uri sqlite:///.cache/demo/mlflow.db --model chat": (
         "tests/integration/test_ledger.py::test_an_auditor_traces_a_revision_and_finds_its_evidence_intact",),
