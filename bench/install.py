@@ -21,16 +21,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests import package_view  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "install.json"
 HOSTS = {"empty": None, "bare": "", "router": "[router]", "worker": "[worker]", "control": "[control]",
          "zoo": "[zoo]", "all": "[router,worker,control,zoo]"}
 PROBES = ("prefect", "mlflow", "scipy", "torch", "transformers", "model_signing", "uvicorn", "httptools")
-
-
-def build_wheel(out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True)
-    return next(out.glob("revgate-*.whl"))
 
 
 def size_bytes(folder: Path) -> int:
@@ -59,7 +57,7 @@ def facts(env: Path) -> tuple[int, list[str]]:
 def main() -> None:
     figures: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="revgate-install-") as scratch:
-        wheel = build_wheel(Path(scratch) / "dist")
+        wheel = package_view.build_wheel(Path(scratch) / "dist")
         for host, extra in HOSTS.items():
             env = Path(scratch) / host
             seconds = install(env, None if extra is None else f"{wheel}{extra}")

@@ -9,6 +9,9 @@ source file (a linked folder is not walked), rebuilt from the sources on every r
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -41,3 +44,24 @@ def to_source_paths(text: str, dest: Path, root: Path = ROOT) -> str:
     for name, source in sorted(package_dirs(root).items(), key=lambda item: -len(item[0])):
         text = text.replace(str(Path(*name.split("."))) + "/", str(source.relative_to(root)) + "/")
     return text
+
+
+def build_wheel(out: Path, root: Path = ROOT) -> Path:
+    """``python -m build --wheel`` of the checkout's files as they are now, built from a copy.
+
+    The copy holds what git tracks or would track (untracked files included, ignored ones not), so
+    no stale ``build/`` or ``*.egg-info`` of the checkout reaches the wheel, and the checkout gets
+    none. Built with this environment's setuptools (no download); the wheel's path.
+    """
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, check=True).stdout.decode()
+    with tempfile.TemporaryDirectory(prefix="revgate-wheel-") as scratch:
+        source = Path(scratch) / "revgate"
+        for name in filter(None, listed.split("\0")):
+            if (root / name).is_file():
+                (source / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / name, source / name)
+        out.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)],
+                       capture_output=True, check=True, timeout=600)
+    return next(out.glob("revgate-*.whl"))
