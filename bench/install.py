@@ -19,6 +19,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -55,7 +56,7 @@ def facts(env: Path) -> tuple[int, list[str]]:
 
 
 def main() -> None:
-    figures: dict[str, dict[str, object]] = {}
+    figures: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="revgate-install-") as scratch:
         wheel = package_view.build_wheel(Path(scratch) / "dist")
         for host, extra in HOSTS.items():
@@ -65,16 +66,16 @@ def main() -> None:
             figures[host] = {"bytes": size_bytes(env), "distributions": count, "importable": present,
                              "install_seconds": round(seconds, 1)}
             print(f"{host}: {figures[host]['bytes'] / 1e6:.0f} MB", file=sys.stderr)
-    empty = int(figures["empty"]["bytes"])  # type: ignore[call-overload]
+    empty = figures["empty"]["bytes"]
     for values in figures.values():
-        values["mb_over_empty"] = round((int(values["bytes"]) - empty) / 1e6, 1)  # type: ignore[call-overload]
+        values["mb_over_empty"] = round((values["bytes"] - empty) / 1e6, 1)
     print(f"\n{'host kind':<10}{'extra':<36}{'MB over empty':>15}{'packages':>10}{'pip s':>8}  importable")
     for host, extra in HOSTS.items():
         values = figures[host]
         shown = "-" if extra is None else f"revgate{extra}"
         print(f"{host:<10}{shown:<36}{values['mb_over_empty']:>15}{values['distributions']:>10}"
-              f"{values['install_seconds']:>8}  {', '.join(values['importable']) or '-'}")  # type: ignore[arg-type]
-    ratio = {host: round(float(figures[host]["mb_over_empty"]) / float(figures["all"]["mb_over_empty"]), 3)  # type: ignore[arg-type]
+              f"{values['install_seconds']:>8}  {', '.join(values['importable']) or '-'}")
+    ratio = {host: round(figures[host]["mb_over_empty"] / figures["all"]["mb_over_empty"], 3)
              for host in ("bare", "router", "worker", "control", "zoo")}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({

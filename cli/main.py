@@ -46,17 +46,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; exit code 0 only on success, 2 on a revgate error with its explanation."""
     args = build_parser().parse_args(argv)
     try:
-        try:
-            result: int = args.func(args)
-        except ModuleNotFoundError as error:
-            explained = missing_extra(error, args.command)
-            if explained is None:
-                raise
-            raise explained from error
+        result: int = args.func(args)
+    except ModuleNotFoundError as missing:
+        explained = missing_extra(missing, args.command)
+        if explained is None:
+            raise
+        return refused(explained)
     except RevgateError as error:
-        print(f"revgate: {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
+        return refused(error)
     return result
+
+
+def refused(error: RevgateError) -> int:
+    """Print the error with its explanation; exit code 2."""
+    print(f"revgate: {type(error).__name__}: {error}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

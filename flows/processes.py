@@ -139,11 +139,12 @@ def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = ""
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
 
 
-def stop(process: subprocess.Popen[Any]) -> None:
-    """Ask a child to stop, then kill it if it has not within 10 s (nothing for one already waited for)."""
+def stop(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """Ask a child to stop (SIGTERM), then kill it if it has not within ``grace_s`` (nothing for one
+    already waited for)."""
     process.terminate()
     try:
-        process.wait(10)
+        process.wait(grace_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)

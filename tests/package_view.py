@@ -39,7 +39,7 @@ def build(dest: Path, root: Path = ROOT) -> Path:
     return dest
 
 
-def to_source_paths(text: str, dest: Path, root: Path = ROOT) -> str:
+def to_source_paths(text: str, root: Path = ROOT) -> str:
     """Checker output with the tree's paths turned back into the repository's own."""
     for name, source in sorted(package_dirs(root).items(), key=lambda item: -len(item[0])):
         text = text.replace(str(Path(*name.split("."))) + "/", str(source.relative_to(root)) + "/")

@@ -15,16 +15,14 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from revgate.flows.processes import stop
 from revgate.manifests.route import RouteSnapshot
 from revgate.serving.worker.auth import write_token
 from revgate.serving.worker.client import WorkerClient
@@ -33,7 +31,13 @@ from revgate.zoo.index import load_revisions
 from tests import package_view
 from tests.conftest import wait_for_port
 from tests.integration.router_harness import router_process
-from tests.integration.test_worker_agent import START_TIMEOUT_S, pid_alive, published_request, wait_until
+from tests.integration.test_worker_agent import (
+    START_TIMEOUT_S,
+    completion,
+    pid_alive,
+    published_request,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 HOSTS = {"bare": "", "router": "[router]", "worker": "[worker]", "control": "[control]"}
@@ -75,8 +79,9 @@ def python_in(env: Path, code: str) -> str:
 
 
 def importable(env: Path, modules: tuple[str, ...]) -> list[str]:
-    code = f"import importlib.util; print([m for m in {list(modules)!r} if importlib.util.find_spec(m)])"
-    return json.loads(python_in(env, code).replace("'", '"'))  # type: ignore[no-any-return]
+    code = ("import importlib.util, json; "
+            f"print(json.dumps([m for m in {list(modules)!r} if importlib.util.find_spec(m)]))")
+    return json.loads(python_in(env, code))  # type: ignore[no-any-return]
 
 
 def revgate_in(env: Path, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -144,24 +149,7 @@ def light_worker(hosts: dict[str, Path], tmp_path: Path) -> Iterator[tuple[Worke
         wait_for_port(port, 60, process)
         yield WorkerClient(f"http://127.0.0.1:{port}", TOKEN), process
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-
-
-def completion(url: str, model: str) -> tuple[int, dict[str, str], dict[str, Any]]:
-    body = json.dumps({"model": model, "prompt": "add 12+30=", "max_tokens": 6, "ignore_eos": True,
-                       "temperature": 0}).encode()
-    request = urllib.request.Request(url + "/v1/completions", data=body,  # noqa: S310
-                                     headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310
-            return response.status, dict(response.headers.items()), json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers.items()), {"error": error.read().decode()}
+        stop(process, grace_s=60)  # the agent drains its replicas first
 
 
 def test_a_router_and_a_worker_agent_serve_from_their_light_environments(
@@ -181,10 +169,10 @@ def test_a_router_and_a_worker_agent_serve_from_their_light_environments(
     (tmp_path / "router").mkdir()
     light_router = (str(hosts["router"] / "bin" / "revgate"),)
     with router_process(tmp_path / "router", "edge", first, program=light_router) as router:
-        status, headers, body = completion(router.url, "edge")
+        status, headers, body = completion(router.url, "edge", 6)
         assert status == 200, body
         assert headers["x-revgate-revision"] == request.revision.fingerprint
-        assert body["usage"]["completion_tokens"] == 6
+        assert json.loads(body)["usage"]["completion_tokens"] == 6
         wait_until(lambda: len(router.records_lines()) >= 1, 30, "the router records the answer")
         assert router.process.poll() is None
     # The agent's SIGTERM drains its replica: the engine it started ends with it.

@@ -24,7 +24,7 @@ def on_the_package(tool: str, *args: str) -> tuple[int, str]:
     """``tool`` run where ``import revgate`` finds the package tree; its exit code and output."""
     package_view.build(VIEW)
     result = run(tool, *args, cwd=VIEW)
-    return result.returncode, package_view.to_source_paths(result.stdout + result.stderr, VIEW)
+    return result.returncode, package_view.to_source_paths(result.stdout + result.stderr)
 
 
 def test_ruff_finds_nothing() -> None:
