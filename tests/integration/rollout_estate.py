@@ -77,6 +77,7 @@ class Sent:
     revision: str = ""
     generation: int = 0
     error: str = ""
+    answered: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
 
 @dataclass
@@ -103,6 +104,8 @@ class OpenLoop:
             item.status, item.error = error.code, error.read()[:200].decode(errors="replace")
         except OSError as error:
             item.error = str(error)
+        finally:
+            item.answered.set()
 
     def _run(self) -> None:
         with ThreadPoolExecutor(max_workers=64) as pool:
@@ -125,9 +128,18 @@ class OpenLoop:
             self._stop.set()
             thread.join(120)
 
-    def failed(self) -> list[Sent]:
-        """Requests that got no 200."""
-        return [item for item in self.sent if item.status != 200]
+    def failed(self, within_s: float = 90.0) -> list[Sent]:
+        """Requests sent so far that got no 200.
+
+        Traffic may still be running: each request sent so far is waited for (up to ``within_s`` in
+        all) so that one still in flight is judged by its answer, not counted as a failure; one with
+        no answer by then is a failure.
+        """
+        sent, deadline = list(self.sent), time.monotonic() + within_s
+        for item in sent:
+            if not item.answered.wait(max(0.0, deadline - time.monotonic())):
+                item.error = item.error or f"no answer within {within_s:.0f} s"
+        return [item for item in sent if item.status != 200]
 
     def served_by(self, fingerprint: str, after_s: float = 0.0) -> list[Sent]:
         """Answered requests sent after ``after_s`` that ``fingerprint`` served."""
