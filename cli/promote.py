@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                               "the decision; `revgate status` says how the window ends)")
     promote.set_defaults(func=run_promote)
     deploy = subparsers.add_parser("deploy", help="create the revgate work pool and the deployments of prefect.yaml")
-    deploy.add_argument("--project", type=Path, default=Path(), help="folder holding prefect.yaml (default: .)")
+    deploy.add_argument("--prefect-file", type=Path, default=None,
+                        help="deployments file to apply (default: the one the package carries, flows/prefect.yaml)")
     deploy.set_defaults(func=run_deploy)
 
 
@@ -165,11 +166,12 @@ def finish(end: RunEnd) -> int:
 
 def run_deploy(args: argparse.Namespace) -> int:
     """Create the work pool if missing and apply prefect.yaml's deployments."""
-    from revgate.flows.submit import PROMOTE, ROLLBACK, WORK_POOL, deploy, ensure_work_pool
+    from revgate.flows.submit import PROMOTE, ROLLBACK, WORK_POOL, deploy, ensure_work_pool, packaged_prefect_file
 
+    prefect_file = (args.prefect_file or packaged_prefect_file()).resolve()
     created = ensure_work_pool()
     print(f"work pool {WORK_POOL}: {'created' if created else 'exists'} (process)")
-    deploy(args.project.resolve())
-    print(f"deployments {PROMOTE} and {ROLLBACK} applied from {args.project.resolve() / 'prefect.yaml'}")
+    deploy(prefect_file)
+    print(f"deployments {PROMOTE} and {ROLLBACK} applied from {prefect_file}")
     print(f"start a worker on each rollout host: prefect worker start --pool {WORK_POOL}")
     return 0

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -150,14 +152,24 @@ def ensure_work_pool(name: str = WORK_POOL) -> bool:
     return False
 
 
-def deploy(project: Path) -> str:
-    """Apply every deployment of ``project``/prefect.yaml (``prefect --no-prompt deploy --all``); its output."""
-    if not (project / "prefect.yaml").is_file():
-        raise DeployFailed("no prefect.yaml", where=str(project),
-                           fix="Run from the revgate checkout, or give --project with the folder that holds it.")
-    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=project,
-                            capture_output=True, text=True, check=False, timeout=300)
+def packaged_prefect_file() -> Path:
+    """The deployments as the installed package carries them (flows/prefect.yaml)."""
+    return Path(str(resources.files("revgate.flows") / "prefect.yaml"))
+
+
+def deploy(prefect_file: Path) -> str:
+    """Apply every deployment of ``prefect_file`` (``prefect --no-prompt deploy --all``); its output."""
+    if not prefect_file.is_file():
+        raise DeployFailed("no such deployments file", where=str(prefect_file),
+                           fix="Leave out --prefect-file to apply the deployments the package carries, "
+                               "or name a prefect.yaml that exists.")
+    # The entrypoints are modules of the installed package, so the caller's folder plays no part; an empty one
+    # keeps Prefect from reading or writing anything beside the caller's files (or inside the package).
+    with tempfile.TemporaryDirectory(prefix="revgate-deploy-") as folder:
+        result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
+                                 "--prefect-file", str(prefect_file.resolve())], cwd=folder,
+                                capture_output=True, text=True, check=False, timeout=300)
     if result.returncode != 0:
-        raise DeployFailed(f"prefect deploy exited with {result.returncode}", where=str(project / "prefect.yaml"),
+        raise DeployFailed(f"prefect deploy exited with {result.returncode}", where=str(prefect_file),
                            fix="Its output:\n" + (result.stdout + result.stderr)[-3000:])
     return result.stdout

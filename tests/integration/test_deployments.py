@@ -96,9 +96,8 @@ def revgate_env(prefect_api: str, site: Path) -> dict[str, str]:
 
 @contextmanager
 def deployed(env: dict[str, str], folder: Path) -> Iterator[None]:
-    """``revgate deploy`` (work pool and deployments), then a ``prefect worker`` on the pool for the block."""
-    done = subprocess.run([sys.executable, "-m", "revgate.cli.main",
-                           "deploy", "--project", str(ROOT)], cwd=ROOT, env=env,
+    """``revgate deploy`` (work pool and the package's deployments), then a ``prefect worker`` on the pool."""
+    done = subprocess.run([sys.executable, "-m", "revgate.cli.main", "deploy"], cwd=folder, env=env,
                           capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "work pool revgate" in done.stdout

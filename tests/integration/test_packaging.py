@@ -95,6 +95,7 @@ def test_the_wheel_and_every_install_add_one_import_name(wheel: Path, hosts: dic
                             check=True).stdout.splitlines()[1:]
     tops = {line.split()[0].split("/")[0] for line in listed if line.strip()}
     assert tops == {"revgate", "revgate-0.1.0.dist-info"}, tops
+    assert any(line.split()[0] == "revgate/flows/prefect.yaml" for line in listed if line.strip())  # the deployments
     names = ("import importlib.metadata as m; "
              "print(sorted({f.parts[0] for f in m.files('revgate') if f.suffix == '.py'}))")
     for kind, env in hosts.items():
@@ -130,6 +131,18 @@ def test_promote_runs_from_the_control_extra(hosts: dict[str, Path]) -> None:
     done = revgate_in(hosts["control"], "promote", "chat", "improved",
                       extra_env={"PREFECT_API_URL": "http://127.0.0.1:9/api"})
     assert done.returncode == 2 and "the Prefect API cannot be reached" in done.stderr, done.stdout + done.stderr
+
+
+def test_the_control_host_applies_the_deployments_the_package_carries(hosts: dict[str, Path],
+                                                                      prefect_api: str) -> None:
+    # From outside any checkout: `revgate deploy` applies the prefect.yaml inside the installed package.
+    done = revgate_in(hosts["control"], "deploy", extra_env={"PREFECT_API_URL": prefect_api})
+    assert done.returncode == 0, done.stdout + done.stderr
+    packaged = hosts["control"].glob("lib/python*/site-packages/revgate/flows/prefect.yaml")
+    assert f"applied from {next(packaged)}" in done.stdout, done.stdout
+    missing = revgate_in(hosts["control"], "deploy", "--prefect-file", "nowhere.yaml",
+                         extra_env={"PREFECT_API_URL": prefect_api})
+    assert missing.returncode == 2 and "no such deployments file" in missing.stderr, missing.stderr
 
 
 @pytest.fixture

@@ -145,7 +145,7 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
         f"{STATUS}::test_plain_output_and_watch",),
     "revgate evidence sha256:5555 --tracking-uri sqlite:///.cache/mlflow.db --model chat-model": (
         "tests/integration/test_ledger.py::test_an_auditor_traces_a_revision_and_finds_its_evidence_intact",),
-    "PREFECT_API_URL=http://prefect.internal:4200/api revgate deploy --project .": (
+    "PREFECT_API_URL=http://prefect.internal:4200/api revgate deploy": (
         f"{DEPLOYMENTS}::test_the_run_form_is_typed_and_described",),
     "REVGATE_HOME=$PWD REVGATE_SITE=/etc/revgate/site.json PREFECT_API_URL=http://prefect.internal:4200/api "
     "prefect worker start --pool revgate": (
