@@ -41,9 +41,10 @@ def run_gc(args: argparse.Namespace) -> int:
     """List the left-over replicas with their reasons and drain them (unless --dry-run)."""
     from revgate.registry.route_store import open_route_store
     from revgate.rollback.reap import reapable, retired
+    from revgate.serving.token_file import load_token
     from revgate.serving.worker.client import WorkerClient
 
-    token = args.token_file.read_text(encoding="utf-8").strip()
+    token = load_token(args.token_file, what="workers' token")
     now = datetime.now(UTC)
     since = now - timedelta(seconds=args.hold_s + args.grace_s)
     snapshots, retired_at = [], {}

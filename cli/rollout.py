@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 ROUTERS_ENV = "REVGATE_ROUTER_ADMIN_URLS"  # comma-separated admin URLs of the routers to notify
+BY_POLLING = "; it picks the rollback up at its next poll of the store"
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -54,6 +55,7 @@ def run_rollback(args: argparse.Namespace) -> int:
     from revgate.serving.worker.engine import answers_health
 
     store = open_route_store(args.routes)
+    token = admin_token(args.admin_token_file)  # a bad token file is refused before anything moves
     by = args.created_by or f"{getpass.getuser()} (revgate rollback)"
     now, force = (lambda: datetime.now(UTC)), args.force
     if args.dry_run:
@@ -63,9 +65,9 @@ def run_rollback(args: argparse.Namespace) -> int:
     planned = land(store, args.route, by=by, now=now, answers=answers_health, force=force,
                    restore=None if args.no_start else site_restorer(args.site, args.route))
     print(f"committed generation {planned.generation}")
-    token = args.admin_token_file.read_text(encoding="utf-8").strip() if args.admin_token_file else ""
     for url in routers_to_notify(args.notify):
-        print(f"  router {url}: {notify_router(url, token)}")
+        told = notify_router(url, token) if token else "not told (no --admin-token-file given)" + BY_POLLING
+        print(f"  router {url}: {told}")
     if args.tracking_uri:
         from revgate.registry.follow import follow_in_ledger
 
@@ -88,6 +90,13 @@ def site_restorer(site: str, route: str) -> Any:
     return None if settings is None else restorer(settings, lambda line: print(line, flush=True))
 
 
+def admin_token(path: Path | None) -> str:
+    """The routers' admin token from ``--admin-token-file``; empty when none is given."""
+    from revgate.serving.admin_token import load_admin_token
+
+    return load_admin_token(path) if path is not None else ""
+
+
 def routers_to_notify(flags: list[str]) -> list[str]:
     """The routers named on the command line and in the environment, each once."""
     named = [*flags, *os.environ.get(ROUTERS_ENV, "").split(",")]
@@ -106,5 +115,5 @@ def notify_router(admin_url: str, token: str, timeout_s: float = 5.0) -> str:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
             answer = json.loads(response.read())
     except (OSError, ValueError) as error:
-        return f"not told ({error}); it picks the rollback up at its next poll of the store"
+        return f"not told ({error})" + BY_POLLING
     return f"serving generation {answer.get('generation')} ({answer.get('result')})"

@@ -122,6 +122,31 @@ def test_rollback_tells_the_routers_it_knows_and_the_others_poll_it_in(file_stor
             time.sleep(0.2)
 
 
+def test_an_unreadable_admin_token_file_is_refused_before_the_rollback_commits(file_store: str, tmp_path: Path) -> None:
+    seed_history(file_store)
+    missing = tmp_path / "nowhere.token"
+    done = revgate("rollback", "--routes", file_store, "--route", "chat", "--force",
+                   "--notify", f"http://127.0.0.1:{free_port()}", "--admin-token-file", str(missing))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot read the admin token file" in done.stderr and str(missing) in done.stderr
+    assert open_route_store(file_store).read("chat").generation == 3  # type: ignore[union-attr]
+    # Without a token file the rollback lands and says which routers it could not tell.
+    router = f"http://127.0.0.1:{free_port()}"
+    done = revgate("rollback", "--routes", file_store, "--route", "chat", "--force", "--notify", router)
+    assert done.returncode == 0, done.stderr
+    assert f"router {router}: not told (no --admin-token-file given)" in done.stdout
+    assert open_route_store(file_store).read("chat").generation == 4  # type: ignore[union-attr]
+
+
+def test_gc_with_an_unreadable_token_file_names_it_and_drains_nothing(file_store: str, tmp_path: Path) -> None:
+    seed_history(file_store)
+    missing = tmp_path / "workers.token"
+    done = revgate("gc", "--routes", file_store, "--worker", f"http://127.0.0.1:{free_port()}",
+                   "--token-file", str(missing))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot read the workers' token file" in done.stderr and str(missing) in done.stderr
+
+
 def test_rollback_needs_neither_prefect_nor_mlflow(file_store: str) -> None:
     import subprocess
     import sys
