@@ -28,8 +28,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                          help="manifest digest (sha256:...) or a candidate name from the route's site configuration")
     promote.add_argument("--policy", default="", help="gate policy by name (default: the route's)")
     promote.add_argument("--plan", default="", help="rollout plan by name (default: the route's)")
-    promote.add_argument("--approval", choices=("ui", "auto"), default="ui",
-                         help="ui: a release manager approves in the Prefect UI (default); auto: no person")
     promote.add_argument("--requested-by", default="", help="who asks (audit trail; default: the OS user)")
     promote.add_argument("--local", action="store_true",
                          help="run the flow in this process instead of on a worker (reads the site configuration)")
@@ -58,7 +56,7 @@ def run_promote(args: argparse.Namespace) -> int:
         print("revgate promote: give ROUTE CANDIDATE, or a promotion spec file SPEC.json", file=sys.stderr)
         return 2
     parameters = {"route": args.target, "candidate": args.candidate, "policy": args.policy, "plan": args.plan,
-                  "approval": args.approval, "requested_by": args.requested_by or getpass.getuser()}
+                  "requested_by": args.requested_by or getpass.getuser()}
     if args.local:
         return run_local(parameters, args.site)
     return run_deployment(parameters, follow=not args.no_follow, wait_window=args.wait_window)

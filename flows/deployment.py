@@ -1,8 +1,9 @@
 """The flows behind the ``promote-revision`` and ``rollback-route`` deployments (prefect.yaml).
 
 Their parameters are what a person chooses on the Prefect UI's Run form: a route, a candidate, a
-gate policy and a plan by name, the approval mode. The site configuration (``flows.site``) on the
-worker's host supplies everything else. ``promote`` runs the same rollout as ``promote_revision``,
+gate policy and a plan by name. The site configuration (``flows.site``) on the worker's host
+supplies everything else, the approval mode among it: whoever may start a run cannot skip its
+approvals. ``promote`` runs the same rollout as ``promote_revision``,
 in this flow run, so the approval form and the evidence run's Prefect link are this run's.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import getpass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
@@ -40,8 +40,14 @@ class CandidateMissing(RevgateError):
 
 
 def requester(requested_by: str) -> str:
-    """Who the audit trail names: the person given, else the flow run (the server does not know who clicked)."""
-    return requested_by.strip() or f"prefect flow run {flow_run.get_name() or getpass.getuser()}"
+    """Who the audit trail names: the flow run, and the person the Run form gave, marked as claimed.
+
+    Prefect's server does not know who clicked Run (it has no users), so a name typed on the form is
+    only a claim; the audit trail says so rather than take it as the author of the route's generations.
+    """
+    run = f"prefect flow run {flow_run.get_name() or getpass.getuser()}"
+    claimed = requested_by.strip()
+    return f"{claimed} (claimed; {run})" if claimed else run
 
 
 def check_candidate(spec: PromotionSpec) -> None:
@@ -56,9 +62,8 @@ def check_candidate(spec: PromotionSpec) -> None:
 
 
 @flow(name="promote", log_prints=True)
-def promote(  # noqa: PLR0917 - the Run form's fields, passed by name
-    route: str, candidate: str, policy: str = "", plan: str = "", approval: Literal["ui", "auto"] = "ui",
-    requested_by: str = "",
+def promote(
+    route: str, candidate: str, policy: str = "", plan: str = "", requested_by: str = "",
 ) -> State[str]:
     """Roll a candidate out on a route with a gate policy and a plan named in the site configuration.
 
@@ -70,16 +75,15 @@ def promote(  # noqa: PLR0917 - the Run form's fields, passed by name
             listed under the route's candidates in the site configuration.
         policy: Gate policy by name (the site configuration's policies); empty: the route's default.
         plan: Rollout plan by name (the site configuration's plans); empty: the route's default.
-        approval: 'ui': pause for a release manager's approval in the Prefect UI; 'auto': approve without
-            a person (demos and tests only).
-        requested_by: Who asks for this rollout, for the audit trail.
+        requested_by: Who asks for this rollout, for the audit trail (recorded as claimed: the server
+            does not know who clicked).
     """
     logger = get_run_logger()
     site = load_site(site_path())
-    spec = promotion_spec(site, route, candidate, policy=policy, plan=plan, approval=approval,
-                          created_by=requester(requested_by))
-    logger.info("route %s: candidate %s %s, policy %s, plan %s, approval %s", route, spec.candidate_manifest,
-                spec.candidate_name, policy or site.routes[route].policy, plan or site.routes[route].plan, approval)
+    spec = promotion_spec(site, route, candidate, policy=policy, plan=plan, created_by=requester(requested_by))
+    logger.info("route %s: candidate %s %s, policy %s, plan %s, approval %s (the site's)", route,
+                spec.candidate_manifest, spec.candidate_name, policy or site.routes[route].policy,
+                plan or site.routes[route].plan, spec.approval)
     check_candidate(spec)
     try:
         decision = promote_revision.fn(spec)

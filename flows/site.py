@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from revgate.flows.spec import PromotionSpec
+from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec
 from revgate.manifests.document import describe_validation_error
 from revgate.manifests.errors import ManifestInvalid, RevgateError
 from revgate.manifests.gates import GatePolicy
@@ -72,6 +72,10 @@ class RouteSite(BaseModel):
     evidence_root: str
     registered_model: str = Field(default="", description="the MLflow registered model of the route's "
                                   "revisions; empty: named after the route")
+    approval: Literal["ui", "auto"] = Field(
+        default="ui", description="'ui': each approve step pauses for a release manager in the Prefect UI; 'auto': "
+        "approved without a person (demo and test sites; refused for plans that name approvers or ask for "
+        "signatures). The site's, never the Run form's: whoever may start a run cannot skip its approvals")
     approval_timeout_s: int = Field(default=3600, ge=10)
     policy: str = Field(description="the gate policy a rollout of this route uses when none is named")
     plan: str = Field(description="the rollout plan a rollout of this route uses when none is named")
@@ -98,6 +102,9 @@ class SiteConfig(BaseModel):
                 raise ValueError(f"route {name!r} names policy {route.policy!r}, which is not in policies")
             if route.plan not in self.plans:
                 raise ValueError(f"route {name!r} names plan {route.plan!r}, which is not in plans")
+            plan = self.plans[route.plan]
+            if route.approval == "auto" and (plan.approvers or plan.signed_approval):
+                raise ValueError(f"route {name!r}: {NO_AUTO_APPROVAL}")
             for candidate, digest in route.candidates.items():
                 if not digest.startswith(DIGEST_PREFIX):
                     raise ValueError(f"route {name!r}: candidate {candidate!r} must name a sha256: manifest digest")
@@ -146,15 +153,23 @@ def candidate_digest(route: RouteSite, candidate: str, where: str) -> tuple[str,
 
 def promotion_spec(
     site: SiteConfig, route: str, candidate: str, *, policy: str = "", plan: str = "",
-    approval: Literal["ui", "auto"] = "ui", created_by: str = "revgate promote",
+    created_by: str = "revgate promote",
 ) -> PromotionSpec:
     """The full promotion spec for what a person chose; SiteConfigInvalid for a name the site does not know."""
     settings = _named("route", site.routes, route, "site configuration: routes")
     digest, name = candidate_digest(settings, candidate, f"site configuration: routes.{route}.candidates")
     chosen = {field: getattr(settings, field) for field in RouteSite.model_fields if field not in ROUTE_ONLY}
-    return PromotionSpec.model_validate({
+    plan_name = plan or settings.plan
+    document = {
         **chosen, "route": route, "candidate_manifest": digest, "candidate_name": name,
         "gate_policy": _named("gate policy", site.policies, policy or settings.policy, "site configuration: policies"),
-        "plan": _named("rollout plan", site.plans, plan or settings.plan, "site configuration: plans"),
-        "approval": approval, "created_by": created_by,
-    })
+        "plan": _named("rollout plan", site.plans, plan_name, "site configuration: plans"), "created_by": created_by,
+    }
+    try:
+        return PromotionSpec.model_validate(document)
+    except ValidationError as error:  # a plan chosen at run time may ask for what the route's settings cannot give
+        raise SiteConfigInvalid(
+            f"route {route!r} with plan {plan_name!r}: {describe_validation_error(error)}",
+            where=f"site configuration: routes.{route}",
+            fix="Choose a plan this route's settings can run, or change the route's settings.",
+        ) from None

@@ -12,6 +12,9 @@ from revgate.manifests.rollout import RolloutPlan, default_plan
 from revgate.manifests.worker import WarmProfile
 from revgate.serving.worker.request import SignaturePolicySpec
 
+NO_AUTO_APPROVAL = ("approval 'auto' is refused for a rollout plan that names approvers or asks for signed approvals: "
+                    "its approve steps need those people; give such routes approval 'ui'")
+
 
 class PromotionSpec(BaseModel):
     """Everything ``promote_revision`` needs; the Prefect UI renders it as the run's parameters."""
@@ -85,6 +88,13 @@ class PromotionSpec(BaseModel):
     def routers(self) -> tuple[str, ...]:
         """Every router's admin URL, router_admin_url first, each once."""
         return tuple(dict.fromkeys(url.rstrip("/") for url in (self.router_admin_url, *self.more_routers)))
+
+    @model_validator(mode="after")
+    def _approval_has_its_people(self) -> PromotionSpec:
+        # A plan that names approvers or asks for signatures asks for a person: nothing may answer for them.
+        if self.approval == "auto" and (self.plan.approvers or self.plan.signed_approval):
+            raise ValueError(NO_AUTO_APPROVAL)
+        return self
 
     @model_validator(mode="after")
     def _evidence_source(self) -> PromotionSpec:

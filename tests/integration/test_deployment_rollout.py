@@ -66,7 +66,7 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Approve(), Bake(seconds=5)], lease_seconds=20,
                              lease_renew_seconds=2, rollback_window_seconds=30)
     with estate(zoo_dir, prefect_api, tmp_path / "estate") as parts, \
-            rollout(parts, tmp_path / "route", "deployed", plan, rate=0.5) as handle:
+            rollout(parts, tmp_path / "route", "deployed", plan, approval="ui", rate=0.5) as handle:
         stable = handle.current().stable.fingerprint
         env = revgate_env(prefect_api, site_of([handle], tmp_path / "site.json"))
         output = tmp_path / "promote.out"
@@ -99,7 +99,7 @@ def test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_w
         assert "routers" in printed and "replica(s)" in printed
         promoted = handle.current()
         assert promoted.stable.fingerprint != stable and promoted.candidate is None
-        assert promoted.created_by == "ana"
+        assert promoted.created_by.startswith("ana (claimed; prefect flow run "), promoted.created_by
         assert handle.traffic.failed() == []
         assert handle.traffic.served_by(promoted.stable.fingerprint)
 
@@ -142,9 +142,8 @@ def test_two_routes_roll_out_at_the_same_time_on_one_worker(zoo_dir: Path, prefe
         right_stable = right.current().stable
         env = revgate_env(prefect_api, site_of([left, right], tmp_path / "site.json"))
         with deployed(env, tmp_path):
-            commands = [subprocess.Popen([sys.executable, "-m", "revgate.cli.main",
-                                          "promote", route, "improved", "--approval",
-                                          "auto"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            commands = [subprocess.Popen([sys.executable, "-m", "revgate.cli.main", "promote", route, "improved"],
+                                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          text=True) for route in ("left", "right")]
             printed = [command.communicate(timeout=720)[0] for command in commands]
         print(*printed, sep="\n")

@@ -22,7 +22,7 @@ import pytest
 
 from revgate.flows import processes
 from revgate.manifests.gates import GatePolicy
-from revgate.manifests.rollout import RolloutPlan, SetWeight
+from revgate.manifests.rollout import Approve, RolloutPlan, SetWeight
 from revgate.manifests.route import CanaryTarget, RevisionTarget, RouteSnapshot
 from revgate.manifests.route_change import successor
 from revgate.registry.build import build_manifest
@@ -74,15 +74,16 @@ def write_site(root: Path) -> tuple[Path, str]:
         "router_admin_url": "http://127.0.0.1:9", "router_admin_token_file": str(token),
         "paired_records": str(root / "paired.jsonl"), "trace": str(root / "trace.jsonl"),
         "tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "evidence_root": str(root / "evidence"),
-        "policy": "default", "plan": "half", "candidates": {"tiny": candidate},
+        "policy": "default", "plan": "half", "candidates": {"tiny": candidate}, "approval": "auto",
     }
     for route in ("alpha", "beta"):
         routes.write(RouteSnapshot(route=route, generation=1, stable=STABLE, created_by="seed",
                                    created_at=datetime.now(UTC)))
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)], lease_seconds=20)
+    gated = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Approve()], lease_seconds=20, approvers=("rm",))
     document = {"routes": {"alpha": settings, "beta": settings},
                 "policies": {"default": GatePolicy().model_dump(mode="json")},
-                "plans": {"half": plan.model_dump(mode="json")}}
+                "plans": {"half": plan.model_dump(mode="json"), "gated": gated.model_dump(mode="json")}}
     path = root / "site.json"
     path.write_text(json.dumps(document, indent=1), encoding="utf-8")
     return path, candidate
@@ -129,9 +130,9 @@ def test_the_run_form_is_typed_and_described(site: Site) -> None:
     form = promote.parameter_openapi_schema or {}
     fields = form["properties"]
     assert set(form["required"]) == {"route", "candidate"}
-    for name in ("route", "candidate", "policy", "plan", "approval", "requested_by"):
+    assert list(fields) == ["route", "candidate", "policy", "plan", "requested_by"]  # no approval mode: the site's
+    for name in fields:
         assert fields[name]["type"] == "string" and fields[name]["description"], name
-    assert fields["approval"]["enum"] == ["ui", "auto"] and fields["approval"]["default"] == "ui"
     assert "sha256:" in fields["candidate"]["description"]
     assert promote.work_pool_name == rollback.work_pool_name == "revgate"
     assert (rollback.parameter_openapi_schema or {})["required"] == ["route"]
@@ -159,7 +160,7 @@ def test_a_refused_route_and_a_missing_candidate_each_end_with_their_reason(site
 
     ensure_route_lock("alpha")
     with concurrency(lock_name("alpha"), occupy=1, strict=True):  # another rollout holds alpha
-        locked = site.promote("alpha", "tiny", "--approval", "auto")
+        locked = site.promote("alpha", "tiny")
         missing = site.promote("beta", MISSING, "--policy", "default", "--plan", "half")
         locked_out, _ = locked.communicate(timeout=240)
         missing_out, _ = missing.communicate(timeout=240)
@@ -184,6 +185,15 @@ def test_an_unknown_name_names_what_the_site_has(site: Site) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_a_run_cannot_skip_the_approvals_of_a_plan_that_names_approvers(site: Site) -> None:
+    # The route approves automatically; the plan chosen on the form names a release manager.
+    done = site.revgate("promote", "beta", "tiny", "--plan", "gated")
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "approval 'auto' is refused for a rollout plan that names approvers" in done.stdout, done.stdout
+    assert [s.generation for s in open_route_store(str(site.root / "routes")).history("beta")] == [1]
+
+
+@pytest.mark.timeout(300)
 def test_the_rollback_deployment_removes_the_canary(site: Site) -> None:
     routes = open_route_store(str(site.root / "routes"))
     current = routes.read("beta")
@@ -200,7 +210,8 @@ def test_the_rollback_deployment_removes_the_canary(site: Site) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     after = wait_until(lambda: routes.read("beta"), 5, "the route")
     assert after.candidate is None and after.stable.fingerprint == STABLE.fingerprint
-    assert after.created_by == "oncall (rollback)"
+    assert after.created_by.startswith("oncall (claimed; prefect flow run ") and after.created_by.endswith(
+        ") (rollback)"), after.created_by
 
 
 @pytest.mark.timeout(300)

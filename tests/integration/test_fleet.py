@@ -60,9 +60,8 @@ def promote_from_deployment(env: dict[str, str], folder: Path) -> tuple[str, str
     """``revgate promote fleet improved``: a run of the deployment, followed to its end; its id and output."""
     output = folder / "promote.out"
     with output.open("w") as sink:
-        command = subprocess.Popen([sys.executable, "-m", "revgate.cli.main",
-                                    "promote", ROUTE, "improved", "--approval",
-                                    "auto", "--requested-by", "ana"], cwd=ROOT, env=env, stdout=sink,
+        command = subprocess.Popen([sys.executable, "-m", "revgate.cli.main", "promote", ROUTE, "improved",
+                                    "--requested-by", "ana"], cwd=ROOT, env=env, stdout=sink,
                                    stderr=subprocess.STDOUT, text=True)
         try:
             code = command.wait(RUN_S)
@@ -131,7 +130,7 @@ def test_a_deployment_run_puts_the_candidate_on_every_agent_and_every_router_ser
             history = list(open_route_store(routes).history(ROUTE))
             final = history[-1]
             assert final.stable.fingerprint != history[0].stable.fingerprint and final.candidate is None
-            assert final.created_by == "ana"
+            assert final.created_by.startswith("ana (claimed; prefect flow run "), final.created_by
             # One candidate replica on each agent, and the route sends to both.
             placed = {agent: [r for r in WorkerClient(agent, token).replicas()
                               if r["revision"] == final.stable.fingerprint and r["state"] == "ready"]

@@ -73,7 +73,7 @@ def start_from_the_run_form(page: Any, ui_url: str, fields: dict[str, str]) -> U
     page.get_by_role("link", name="promote-revision").first.click(timeout=60_000)
     page.get_by_role("button", name="Run", exact=True).click(timeout=60_000)
     page.get_by_text("Custom run").click(timeout=30_000)
-    # The form's text fields in the flow's parameter order: route, candidate, policy, plan, (approval), requested_by.
+    # The form's text fields in the flow's parameter order (no approval mode: the site's).
     boxes = page.locator("textarea")
     for number, name in enumerate(("route", "candidate", "policy", "plan", "requested_by")):
         boxes.nth(number).fill(fields[name], timeout=30_000)
@@ -125,7 +125,7 @@ def test_a_release_manager_starts_a_rollout_from_the_run_form_and_approves_it_on
                              lease_renew_seconds=2, rollback_window_seconds=0)
     ui_url = prefect_api.removesuffix("/api")
     with estate(zoo_dir, prefect_api, tmp_path / "estate") as parts, \
-            rollout(parts, tmp_path / "route", "chat", plan, rate=0.5) as handle, \
+            rollout(parts, tmp_path / "route", "chat", plan, approval="ui", rate=0.5) as handle, \
             deployed(revgate_env(prefect_api, site_of([handle], tmp_path / "site.json")), tmp_path), \
             browser_page() as page:
         stable = handle.current().stable.fingerprint
@@ -151,7 +151,7 @@ def test_a_release_manager_starts_a_rollout_from_the_run_form_and_approves_it_on
     assert weights(handle) == [250_000, 500_000]  # on past the approval, to the next step
     promoted = handle.current()
     assert promoted.stable.fingerprint != stable and promoted.candidate is None
-    assert promoted.created_by == "ana"
+    assert promoted.created_by.startswith("ana (claimed; prefect flow run "), promoted.created_by
     assert handle.traffic.failed() == [], handle.traffic.failed()[:3]
     ledger = EvidenceLedger(handle.spec.tracking_uri, Path(handle.spec.evidence_root) / "mlflow-artifacts")
     run = ledger.latest_run("chat")

@@ -150,7 +150,7 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     "REVGATE_HOME=$PWD REVGATE_SITE=/etc/revgate/site.json PREFECT_API_URL=http://prefect.internal:4200/api "
     "prefect worker start --pool revgate": (
         f"{DEPLOYMENTS}::test_a_refused_route_and_a_missing_candidate_each_end_with_their_reason",),
-    "revgate promote alpha tiny --approval auto": (
+    "revgate promote alpha tiny": (
         f"{DEPLOYMENTS}::test_a_refused_route_and_a_missing_candidate_each_end_with_their_reason",),
     "revgate promote beta sha256:9999999999999999999999999999999999999999999999999999999999999999 --policy default "
     "--plan half": (f"{DEPLOYMENTS}::test_a_refused_route_and_a_missing_candidate_each_end_with_their_reason",),

@@ -146,7 +146,8 @@ def test_the_children_of_a_server_that_died_are_stopped_with_it(tmp_path: Path, 
     # The defect: vLLM's API server killed (or crashed) left its EngineCore child running for ever,
     # because stop() signalled the engine's process group only while the server itself still ran.
     ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if child_ignores_sigterm else ""
-    child = f"import signal, time; {ignore}time.sleep(600)"
+    ready = tmp_path / "child-ready"  # written once the child's signal handling is in place, not merely once it runs
+    child = f"import signal, time; {ignore}open({str(ready)!r}, 'w').close(); time.sleep(600)"
     server = (  # a server and its engine child, in the server's session, as vLLM's are
         "import subprocess, sys, time; "
         f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(600)"
@@ -156,7 +157,7 @@ def test_the_children_of_a_server_that_died_are_stopped_with_it(tmp_path: Path, 
     assert engine.pid is not None
     try:
         deadline = time.monotonic() + 30
-        while len(session_members(engine.pid)) < 2 and time.monotonic() < deadline:
+        while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(session_members(engine.pid)) == 2, "the stand-in server did not start its child"
         os.kill(engine.pid, signal.SIGKILL)  # the server dies on its own; its child does not

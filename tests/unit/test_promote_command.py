@@ -38,8 +38,10 @@ def test_the_spec_file_form_and_the_named_form_parse() -> None:
     spec_form = build_parser().parse_args(["promote", str(Path("promotion.json"))])
     assert spec_form.target == "promotion.json" and spec_form.candidate == ""
     named = build_parser().parse_args(["promote", "chat", "improved", "--policy", "strict", "--plan", "ladder"])
-    assert (named.target, named.candidate, named.policy, named.plan, named.approval, named.local) == (
-        "chat", "improved", "strict", "ladder", "ui", False)
+    assert (named.target, named.candidate, named.policy, named.plan, named.local) == (
+        "chat", "improved", "strict", "ladder", False)
+    with pytest.raises(SystemExit):  # the approval mode is the site's: no command line chooses it
+        build_parser().parse_args(["promote", "chat", "improved", "--approval", "auto"])
 
 
 def test_a_paused_run_points_at_its_approval_form() -> None:

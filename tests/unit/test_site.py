@@ -11,7 +11,7 @@ import pytest
 from revgate.flows.site import ROUTE_ONLY, RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.gates import GatePolicy
-from revgate.manifests.rollout import Bake, RolloutPlan, SetWeight
+from revgate.manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
 
 DIGEST = "sha256:" + "a" * 64
 OTHER = "sha256:" + "b" * 64
@@ -52,8 +52,8 @@ def test_route_settings_are_promotion_spec_fields() -> None:
 
 
 def test_names_become_the_spec_with_the_route_defaults(tmp_path: Path) -> None:
-    site = load_site(write_site(tmp_path, site_json()))
-    spec = promotion_spec(site, "chat", "improved", approval="auto", created_by="ana")
+    site = load_site(write_site(tmp_path, site_json(approval="auto")))
+    spec = promotion_spec(site, "chat", "improved", created_by="ana")
     assert spec.candidate_manifest == DIGEST and spec.candidate_name == "improved"
     assert spec.gate_policy == site.policies["strict"] and spec.plan == site.plans["ladder"]
     assert spec.route == "chat" and spec.approval == "auto" and spec.created_by == "ana"
@@ -100,6 +100,24 @@ def test_an_unknown_name_is_refused_with_the_names_known(tmp_path: Path, choice:
         promotion_spec(site, chosen["route"], chosen["candidate"], policy=chosen["policy"], plan=chosen["plan"])
     assert named in str(refused.value)
     assert "Name one the site configuration has:" in str(refused.value)
+
+
+def test_automatic_approval_is_the_sites_and_never_skips_named_approvers(tmp_path: Path) -> None:
+    assert promotion_spec(load_site(write_site(tmp_path, site_json())), "chat", "improved").approval == "ui"
+    document = site_json(approval="auto")
+    gated = RolloutPlan.build(steps=[SetWeight(weight_ppm=50_000), Approve()], approvers=("rm",))
+    document["plans"]["gated"] = gated.model_dump(mode="json")  # (signed approvals need approvers too)
+    site = load_site(write_site(tmp_path, document))
+    with pytest.raises(SiteConfigInvalid) as refused:  # chosen at run time: refused before any spec exists
+        promotion_spec(site, "chat", "improved", plan="gated")
+    assert "approval 'auto' is refused" in str(refused.value) and "routes.chat" in str(refused.value)
+    document["routes"]["chat"]["plan"] = "gated"  # the route's own default: refused when the site is read
+    with pytest.raises(SiteConfigInvalid) as refused:
+        load_site(write_site(tmp_path, document))
+    assert "route 'chat': approval 'auto' is refused" in str(refused.value)
+    with pytest.raises(ValueError, match="approval 'auto' is refused"):  # a spec file written by hand, too
+        PromotionSpec.model_validate({**promotion_spec(site, "chat", "improved").model_dump(),
+                                      "plan": gated.model_dump()})
 
 
 def test_a_route_default_that_names_nothing_is_refused_at_load(tmp_path: Path) -> None:
