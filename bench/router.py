@@ -8,7 +8,10 @@ and the load generators share core 1. For each system:
 - streaming at 100 requests/s: time to the first SSE chunk, added p50.
 revgate runs with every feature on: request records, metrics, a 10% canary split, snapshot pinning.
 Swap propagation: commit a generation, notify, until a new request is served on it (p99 over 50 swaps).
-Writes bench/results/router.json.
+The systems are measured in rounds (three by default), one after another within each round, so a
+slow patch of the machine falls on every system alike; each figure is the median over the rounds,
+and each ratio the median of the rounds' ratios. vllm-router is installed into a venv of its own
+(.cache/bench/vllm-router-venv) on first use. Writes bench/results/router.json.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from revgate.registry.route_store import FileRouteStore
 from revgate.serving.worker.engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,15 +164,30 @@ def wrk_max_rps(port: int, pid: int, seconds: int, workdir: Path) -> dict[str, f
     return {"max_rps": requests / seconds, "cpu_us_per_req": cpu / max(requests, 1) * 1e6, "errors": errors}
 
 
-async def _one(port: int, body: bytes, intended: float, stream: bool, pool: list[Any]) -> tuple[float, float]:
-    """One request on a pooled keep-alive connection; (seconds to first body byte, to the end)."""
+async def _head(port: int, body: bytes, pool: list[Any]) -> tuple[Any, Any, bytes]:
+    """Send the request on a pooled keep-alive connection and read the answer's head.
+
+    A server may close an idle keep-alive connection at any time (nginx after keepalive_requests):
+    as any HTTP client does, the request goes again once on a new connection when the pooled one
+    was closed before an answer began.
+    """
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     if pool:
         reader, writer = pool.pop()
-    else:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    head = await reader.readuntil(b"\r\n\r\n")
+        writer.write(request)
+        try:
+            return reader, writer, await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    return reader, writer, await reader.readuntil(b"\r\n\r\n")
+
+
+async def _one(port: int, body: bytes, intended: float, stream: bool, pool: list[Any]) -> tuple[float, float]:
+    """One request on a pooled keep-alive connection; (seconds to first body byte, to the end)."""
+    reader, writer, head = await _head(port, body, pool)
     if b" 200 " not in head.split(b"\r\n", 1)[0]:
         raise RuntimeError(head.decode(errors="replace"))
     lowered = head.lower()
@@ -240,9 +259,10 @@ error_log {workdir}/nginx-error.log warn;
 events {{ worker_connections 4096; }}
 http {{
   access_log off;
+  keepalive_requests 100000000;  # the default (1000) closes a client's connection mid-benchmark
   client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy;
   fastcgi_temp_path {workdir}/fastcgi; uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
-  upstream backend {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  upstream backend {{ server 127.0.0.1:{upstream}; keepalive 64; keepalive_requests 100000000; }}
   server {{
     listen 127.0.0.1:{port};
     location / {{
@@ -295,56 +315,83 @@ def swap_propagation(store: Any, admin_port: int, port: int, token: str, swaps: 
     return samples
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from revgate.registry.route_store import FileRouteStore
+VLLM_ROUTER_VENV = ROOT / ".cache" / "bench" / "vllm-router-venv"
 
+
+def vllm_router_binary() -> Path:
+    """vllm-router from its own venv, installed there on first use (it is a peer, not a dependency)."""
+    binary = VLLM_ROUTER_VENV / "bin" / "vllm-router"
+    if not binary.exists():
+        print("installing vllm-router into .cache/bench/vllm-router-venv (first run only)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VLLM_ROUTER_VENV)], check=True)
+        subprocess.run([str(VLLM_ROUTER_VENV / "bin" / "pip"), "install", "-q", "vllm-router"], check=True)
+    return binary
+
+
+def revgate_router(workdir: Path, records: list[str]) -> tuple[list[str], int, int]:
+    """``revgate router`` on the bench route with every feature on, its records as given; command and ports."""
+    port, admin = free_port(), free_port()
+    return ([sys.executable, "-m", "revgate.cli.main", "router", "--routes", str(workdir / "routes"), "--route",
+             "bench", "--port", str(port), "--admin-port", str(admin), "--admin-token-file", str(workdir / "token"),
+             *records], port, admin)
+
+
+def one_round(args: argparse.Namespace, workdir: Path, upstream: int,
+              first: bool) -> tuple[dict[str, Any], list[float]]:
+    """Every system once, one after another: its figures (and, in the first round, swap propagation)."""
+    results: dict[str, Any] = {"direct": measure_load("direct", upstream, _pid_on(upstream), args, workdir)}
+    swaps: list[float] = []
+    (workdir / "records.jsonl").unlink(missing_ok=True)
+    command, port, admin = revgate_router(workdir, ["--records", str(workdir / "records.jsonl")])
+    with started(command, port, core=PROXY_CORE, log=workdir / "router.log") as router:
+        results["revgate"] = measure_load("revgate", port, router.pid, args, workdir)
+        if first:
+            swaps = swap_propagation(FileRouteStore(workdir / "routes"), admin, port, args.token, args.swaps)
+    results["revgate"]["records_written"] = sum(1 for _ in (workdir / "records.jsonl").open())
+
+    # The same router with the record sink on (a local folder, one object per second), as production runs it.
+    sink = workdir / "sink"
+    shutil.rmtree(sink, ignore_errors=True)
+    command, port, _ = revgate_router(workdir, ["--records-sink", str(sink), "--router-id", "bench"])
+    with started(command, port, core=PROXY_CORE, log=workdir / "router-sink.log") as router:
+        results["revgate_sink"] = measure_load("revgate_sink", port, router.pid, args, workdir)
+    results["revgate_sink"]["records_written"] = sum(1 for path in sink.rglob("*.jsonl") for _ in path.open())
+
+    port = free_port()
+    nginx = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(workdir), "-c",
+             str(nginx_config(workdir, port, upstream))]
+    with started(nginx, port, core=PROXY_CORE) as process:
+        results["nginx"] = measure_load("nginx", port, process.pid, args, workdir)
+
+    port = free_port()
+    vllm_router = [str(vllm_router_binary()), "--host", "127.0.0.1", "--port", str(port), "--worker-urls",
+                   f"http://127.0.0.1:{upstream}", "--policy", "round_robin", "--log-level", "warning",
+                   "--disable-circuit-breaker"]
+    with started(vllm_router, port, core=PROXY_CORE, log=workdir / "vllm-router.log") as process:
+        time.sleep(2)  # it health-checks the worker before routing
+        results["vllm_router"] = measure_load("vllm_router", port, process.pid, args, workdir)
+    return results, swaps
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The rounds, then the figures: medians over the rounds, and every round's own."""
     workdir = Path(tempfile.mkdtemp(prefix="revgate-bench-router-"))
     upstream, candidate = free_port(), free_port()
-    results: dict[str, Any] = {}
+    vllm_router_binary()  # installed before any timing starts
+    rounds, swaps = [], []
     with started([sys.executable, __file__, "--upstream", str(upstream), str(candidate)], upstream, core=LOAD_CORE):
         wait_for(candidate)
-        results["direct"] = measure_load("direct", upstream, _pid_on(upstream), args, workdir)
-
-        store = FileRouteStore(workdir / "routes")
-        store.write(route_snapshot(1, upstream, candidate))
-        token = secrets.token_hex(16)
-        (workdir / "token").write_text(token)
+        FileRouteStore(workdir / "routes").write(route_snapshot(1, upstream, candidate))
+        args.token = secrets.token_hex(16)
+        (workdir / "token").write_text(args.token)
         (workdir / "token").chmod(0o600)  # the router refuses a token file others can read
-        port, admin = free_port(), free_port()
-        command = [sys.executable, "-m", "revgate.cli.main", "router", "--routes", str(workdir / "routes"), "--route",
-                   "bench", "--port", str(port), "--admin-port", str(admin), "--admin-token-file",
-                   str(workdir / "token"), "--records", str(workdir / "records.jsonl")]
-        with started(command, port, core=PROXY_CORE, log=workdir / "router.log") as router:
-            results["revgate"] = measure_load("revgate", port, router.pid, args, workdir)
-            swaps = swap_propagation(store, admin, port, token, args.swaps)
-        records = sum(1 for _ in (workdir / "records.jsonl").open())
-        results["revgate"]["records_written"] = records
-
-        # The same router with the record sink on (a local folder, one object per second) instead of the file.
-        port, admin = free_port(), free_port()
-        sink = [*command[:command.index("--port")], "--port", str(port), "--admin-port", str(admin),
-                "--admin-token-file", str(workdir / "token"), "--records-sink", str(workdir / "sink"),
-                "--router-id", "bench"]
-        with started(sink, port, core=PROXY_CORE, log=workdir / "router-sink.log") as router:
-            results["revgate_sink"] = measure_load("revgate_sink", port, router.pid, args, workdir)
-        results["revgate_sink"]["records_written"] = sum(
-            1 for path in (workdir / "sink").rglob("*.jsonl") for _ in path.open())
-
-        port = free_port()
-        nginx = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(workdir), "-c",
-                 str(nginx_config(workdir, port, upstream))]
-        with started(nginx, port, core=PROXY_CORE) as process:
-            results["nginx"] = measure_load("nginx", port, process.pid, args, workdir)
-
-        port = free_port()
-        vllm_router = [str(ROOT / ".cache/bench/vllm-router-venv/bin/vllm-router"), "--host", "127.0.0.1", "--port",
-                       str(port), "--worker-urls", f"http://127.0.0.1:{upstream}", "--policy", "round_robin",
-                       "--log-level", "warning", "--disable-circuit-breaker"]
-        with started(vllm_router, port, core=PROXY_CORE, log=workdir / "vllm-router.log") as process:
-            time.sleep(2)  # it health-checks the worker before routing
-            results["vllm_router"] = measure_load("vllm_router", port, process.pid, args, workdir)
+        for number in range(args.rounds):
+            print(f"round {number + 1} of {args.rounds}", flush=True)
+            results, measured = one_round(args, workdir, upstream, first=number == 0)
+            rounds.append(summarise(results))
+            swaps += measured
     shutil.rmtree(workdir, ignore_errors=True)
-    return summarise(results, swaps)
+    return combine(rounds, swaps)
 
 
 def _pid_on(port: int) -> int:
@@ -353,7 +400,18 @@ def _pid_on(port: int) -> int:
     return int(output.split("pid=", 1)[1].split(",", 1)[0])
 
 
-def summarise(results: dict[str, Any], swaps: list[float]) -> dict[str, Any]:
+RATIOS = {  # name: (system, over system, figure)
+    "revgate_cpu_per_req_vs_nginx": ("revgate", "nginx", "cpu_us_per_req"),
+    "revgate_cpu_per_req_vs_vllm_router": ("revgate", "vllm_router", "cpu_us_per_req"),
+    "revgate_max_rps_vs_vllm_router": ("revgate", "vllm_router", "max_rps"),
+    "revgate_sink_cpu_per_req_vs_revgate": ("revgate_sink", "revgate", "cpu_us_per_req"),
+    "revgate_sink_cpu_per_req_vs_nginx": ("revgate_sink", "nginx", "cpu_us_per_req"),
+    "revgate_sink_cpu_per_req_vs_vllm_router": ("revgate_sink", "vllm_router", "cpu_us_per_req"),
+}
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    """One round's figures per system, the added latencies against the upstream alone, and its ratios."""
     direct = results["direct"]
     figures: dict[str, Any] = {}
     for name, measured in results.items():
@@ -369,21 +427,21 @@ def summarise(results: dict[str, Any], swaps: list[float]) -> dict[str, Any]:
         }
     for name in ("revgate", "revgate_sink"):
         figures[name]["records_written"] = results[name]["records_written"]
+    figures["ratios"] = {name: round(figures[a][figure] / figures[b][figure], 2)
+                         for name, (a, b, figure) in RATIOS.items()}
+    return figures
+
+
+def combine(rounds: list[dict[str, Any]], swaps: list[float]) -> dict[str, Any]:
+    """Medians over the rounds (each ratio the median of the rounds' own ratios), and the rounds themselves."""
+    figures: dict[str, Any] = {
+        name: {figure: statistics.median(r[name][figure] for r in rounds) for figure in rounds[0][name]}
+        for name in rounds[0] if name != "ratios"
+    }
+    figures["ratios"] = {name: statistics.median(r["ratios"][name] for r in rounds) for name in RATIOS}
     figures["swap_propagation_p99_ms"] = round(sorted(swaps)[max(0, int(len(swaps) * 0.99) - 1)], 2)
     figures["swap_propagation_p50_ms"] = round(statistics.median(swaps), 2)
-    figures["ratios"] = {
-        "revgate_cpu_per_req_vs_nginx": round(
-            figures["revgate"]["cpu_us_per_req"] / figures["nginx"]["cpu_us_per_req"], 2),
-        "revgate_cpu_per_req_vs_vllm_router": round(
-            figures["revgate"]["cpu_us_per_req"] / figures["vllm_router"]["cpu_us_per_req"], 2),
-        "revgate_max_rps_vs_vllm_router": round(figures["revgate"]["max_rps"] / figures["vllm_router"]["max_rps"], 2),
-        "revgate_sink_cpu_per_req_vs_revgate": round(
-            figures["revgate_sink"]["cpu_us_per_req"] / figures["revgate"]["cpu_us_per_req"], 2),
-        "revgate_sink_cpu_per_req_vs_nginx": round(
-            figures["revgate_sink"]["cpu_us_per_req"] / figures["nginx"]["cpu_us_per_req"], 2),
-        "revgate_sink_cpu_per_req_vs_vllm_router": round(
-            figures["revgate_sink"]["cpu_us_per_req"] / figures["vllm_router"]["cpu_us_per_req"], 2),
-    }
+    figures["rounds"] = rounds
     return figures
 
 
@@ -394,7 +452,10 @@ def print_table(figures: dict[str, Any]) -> None:
         print(f"{name:<12} {row['max_rps']:>8} {row['cpu_us_per_req']:>11} {row['added_p50_ms_at_500rps']:>9} "
               f"{row['added_p99_ms_at_500rps']:>9} {row['stream_first_chunk_added_p50_ms']:>14}")
     print(f"swap propagation p99 {figures['swap_propagation_p99_ms']} ms (p50 {figures['swap_propagation_p50_ms']})")
-    print(json.dumps(figures["ratios"]))
+    print(f"medians over {len(figures['rounds'])} rounds; ratios per round:")
+    for number, measured in enumerate(figures["rounds"], 1):
+        print(f"  round {number}: {json.dumps(measured['ratios'])}")
+    print(f"median: {json.dumps(figures['ratios'])}")
 
 
 def main() -> None:
@@ -405,13 +466,15 @@ def main() -> None:
     parser.add_argument("--open-seconds", type=float, default=4.0)
     parser.add_argument("--closed-seconds", type=int, default=5)
     parser.add_argument("--swaps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every system, one after another")
     args = parser.parse_args()
     if args.upstream:
         serve_upstream(args.upstream)
         return
     figures = run(args)
     print_table(figures)
-    figures.update(command="python bench/router.py", date=datetime.now(UTC).isoformat(timespec="seconds"),
+    command = "python bench/router.py" + (f" --rounds {args.rounds}" if args.rounds != 3 else "")
+    figures.update(command=command, date=datetime.now(UTC).isoformat(timespec="seconds"),
                    machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     output = ROOT / "bench" / "results" / "router.json"
     output.parent.mkdir(parents=True, exist_ok=True)
