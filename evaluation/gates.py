@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from revgate.evaluation import metrics, paired, sequential, slicing
-from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.records import RequestRecord, callers_outcome, counted, own_failure
 from revgate.manifests.canonical import sha256_digest
 from revgate.manifests.gates import (
     GatePolicy,
@@ -38,8 +38,6 @@ from revgate.manifests.gates import (
     SliceResult,
     SloTarget,
 )
-
-FAILED = ("error", "timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,39 +344,83 @@ def _series(records: Sequence[RequestRecord], value: Callable[[RequestRecord], f
     return ArmSeries.of(pairs)
 
 
+def _rate_result(
+    name: str, policy: GatePolicy, evidence: Evidence, value: Callable[[RequestRecord], float | None], *,
+    harm_only: bool = False,
+) -> GateResult:
+    """Sequential two-proportion comparison of ``value`` (1 for the outcome, 0 for not, None: not counted).
+
+    ``harm_only``: fail when the candidate is shown worse, pass otherwise. For outcomes callers can
+    send at will (a tenant's share of 4xx or 1 ms deadlines, load both arms shed alike): shown equal
+    within the margin would take samples no stage has at a 10% rate, and an undecided gate would let
+    that tenant hold every rollout inconclusive.
+    """
+    candidate, stable = _series(evidence.candidate, value), _series(evidence.stable, value)
+    decision = sequential_compare(
+        candidate, stable, proportion_gap, alpha=float(policy.alpha), policy=policy, margin=float(policy.error_margin)
+    )
+    outcome, reason = _slice_outcome(decision, min(len(candidate), len(stable)), policy.min_samples_per_slice, False)
+    if harm_only and decision.verdict != "worse":
+        outcome, reason = "pass", f"not shown worse than stable ({len(candidate)} and {len(stable)} requests)"
+    rates = {f"candidate_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.candidate).items()}
+    rates |= {f"stable_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.stable).items()}
+    return GateResult(gate=name, outcome=outcome, reason=reason,
+                      numbers=decision_numbers(decision, candidate, stable) | rates)
+
+
+def _own_failure(record: RequestRecord) -> float | None:
+    return float(own_failure(record)) if counted(record) else None
+
+
+def _callers_outcome(record: RequestRecord) -> float | None:
+    return None if record.outcome in {"rejected", "cancelled"} else float(callers_outcome(record))
+
+
+def _rejected(record: RequestRecord) -> float | None:
+    return None if record.outcome == "cancelled" else float(record.outcome == "rejected")
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorRateGate:
-    """Errors and timeouts among admitted requests: candidate not worse than stable by more than the margin."""
+    """The revision's own failures (5xx, upstream errors, the route's deadline) among the requests that say
+    anything about it: candidate not worse than stable by more than the margin. A caller's 4xx or its own
+    shorter deadline is not one (``CallerOutcomeGate`` compares those)."""
 
     policy: GatePolicy
     name: str = "errors"
 
     def evaluate(self, evidence: Evidence) -> GateResult:
-        """Sequential two-proportion comparison of the failure rate."""
+        """Sequential two-proportion comparison of the revision's own failure rate."""
+        return _rate_result(self.name, self.policy, evidence, _own_failure)
 
-        def failed(r: RequestRecord) -> float | None:
-            return None if r.outcome == "rejected" else float(r.outcome in FAILED)
 
-        candidate, stable = _series(evidence.candidate, failed), _series(evidence.stable, failed)
-        decision = sequential_compare(
-            candidate,
-            stable,
-            proportion_gap,
-            alpha=float(self.policy.alpha),
-            policy=self.policy,
-            margin=float(self.policy.error_margin),
-        )
-        outcome, reason = _slice_outcome(
-            decision, min(len(candidate), len(stable)), self.policy.min_samples_per_slice, False
-        )
-        rates = {f"candidate_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.candidate).items()}
-        rates |= {f"stable_{k}": fmt(v) for k, v in metrics.outcome_rates(evidence.stable).items()}
-        return GateResult(
-            gate=self.name,
-            outcome=outcome,
-            reason=reason,
-            numbers=decision_numbers(decision, candidate, stable) | rates,
-        )
+@dataclass(frozen=True, slots=True)
+class CallerOutcomeGate:
+    """Callers' outcomes (4xx answers, callers' own deadlines) compared between the arms, never charged to one.
+
+    A tenant who sends malformed requests or 1 ms deadlines sends them to both arms alike, so the rates
+    agree; a candidate that answers 400 where stable serves (a smaller context window) does not.
+    """
+
+    policy: GatePolicy
+    name: str = "caller-outcomes"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Sequential two-proportion comparison of the callers' outcome rate; fails only when shown worse."""
+        return _rate_result(self.name, self.policy, evidence, _callers_outcome, harm_only=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RejectionGate:
+    """Requests refused (429, 503): a candidate that sheds load must not pass because shed requests are not
+    counted elsewhere. Candidate no worse than stable by more than the margin."""
+
+    policy: GatePolicy
+    name: str = "rejections"
+
+    def evaluate(self, evidence: Evidence) -> GateResult:
+        """Sequential two-proportion comparison of the rejection rate; fails only when shown worse."""
+        return _rate_result(self.name, self.policy, evidence, _rejected, harm_only=True)
 
 
 def log_latency(metric: LatencyMetric) -> Callable[[RequestRecord], float | None]:
@@ -657,14 +699,16 @@ class SloGate:
     def evaluate(self, evidence: Evidence) -> GateResult:
         """Pass when the lower bound reaches the target, fail when the upper bound is below it."""
         chosen = [r for r in evidence.candidate if metrics.in_class(r, self.target.request_class)]
-        admitted = metrics.admitted(chosen)
+        # Only the revision's own outcomes: a caller's 4xx, its own deadline or its leaving is not a miss.
+        admitted = [r for r in chosen if counted(r)]
         hits = sum(attained(r, self.target) for r in admitted)
         lower, upper = sequential.bernoulli_confidence_sequence(hits, len(admitted), self.alpha)
         goal = float(self.target.attainment)
-        baseline = [r for r in metrics.admitted(evidence.stable) if metrics.in_class(r, self.target.request_class)]
+        baseline = [r for r in evidence.stable if counted(r) and metrics.in_class(r, self.target.request_class)]
         numbers = {
             "admitted": str(len(admitted)),
-            "rejected": str(len(chosen) - len(admitted)),
+            "rejected": str(sum(r.outcome == "rejected" for r in chosen)),
+            "not_counted_callers": str(sum(r.outcome != "rejected" and not counted(r) for r in chosen)),
             "attained": str(hits),
             "attainment": fmt(hits / len(admitted) if admitted else None),
             "lower": fmt(lower),
@@ -758,7 +802,8 @@ def gates_from_policy(
     alpha = float(policy.alpha)
     quality, latency = _comparisons(policy, paired_evidence)
     judged = isinstance(quality, PairedQualityGate) or policy.two_sample_quality is not False
-    members: list[Gate] = [*([quality] if judged else []), ErrorRateGate(policy), *latency]
+    members: list[Gate] = [*([quality] if judged else []), ErrorRateGate(policy), CallerOutcomeGate(policy),
+                           RejectionGate(policy), *latency]
     members += [SloGate(policy, t, alpha / len(policy.slo)) for t in policy.slo]
     if expected_candidate_share is not None:
         members.append(SampleRatioGate(policy, expected_candidate_share))

@@ -73,3 +73,39 @@ class RequestRecord:
         """Parse one line written by :meth:`to_json`; unknown fields are an error."""
         data: dict[str, Any] = json.loads(line)
         return cls(**data)
+
+
+# --- whose outcome a record is ------------------------------------------------------------------
+# A caller can make any revision fail its request: a malformed body or a context overflow (4xx), a
+# deadline of 1 ms. Such outcomes are the caller's; charged to the arm that happened to serve them,
+# one tenant could fail any canary (or mask a regression by spending them on stable). They are kept
+# out of the revision's own failures and compared between the arms on their own: a revision that
+# turns away requests the other serves (a smaller context window) still shows there.
+
+
+def caller_4xx(record: RequestRecord) -> bool:
+    """An answer in 400-499 other than the rejections (429 is one): the request was the caller's to fix."""
+    return record.outcome != "rejected" and record.status_code is not None and 400 <= record.status_code < 500
+
+
+def own_failure(record: RequestRecord) -> bool:
+    """A failure of the revision itself: an upstream error or 5xx, or the route's deadline passing."""
+    if record.outcome == "error":
+        return not caller_4xx(record)
+    return record.outcome == "timeout" and record.error != CALLER_DEADLINE
+
+
+def callers_outcome(record: RequestRecord) -> bool:
+    """A 4xx answer or the caller's own shorter deadline: what the caller chose, whichever arm served it."""
+    return caller_4xx(record) or (record.outcome == "timeout" and record.error == CALLER_DEADLINE)
+
+
+def counted(record: RequestRecord) -> bool:
+    """Whether a record says anything about the revision's own health: answered, or failed by its own doing.
+
+    A caller's 4xx, its own shorter deadline, a caller who left and a request the router refused
+    (budgets) are the caller's or the router's: not counted either way.
+    """
+    if record.outcome == "ok":
+        return not caller_4xx(record)
+    return own_failure(record)

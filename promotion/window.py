@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from revgate.evaluation.confidence import bernoulli_confidence_sequence
-from revgate.evaluation.records import CALLER_DEADLINE, RequestRecord
+from revgate.evaluation.records import RequestRecord, counted, own_failure
 from revgate.manifests.rollout import PostPromotionCheck
 
 WindowOutcome = Literal["watching", "healthy", "fail"]
@@ -61,24 +61,6 @@ class WindowVerdict:
         return {"outcome": self.outcome, "requests": self.requests, "errors": self.errors,
                 "within_slo": self.within_slo, "baseline_requests": self.baseline_requests,
                 "baseline_errors": self.baseline_errors, "reason": self.reason}
-
-
-def own_failure(record: RequestRecord) -> bool:
-    """A failure of the revision itself: an upstream error or 5xx, or the route's deadline passing."""
-    if record.outcome == "error":
-        return not (record.status_code is not None and 400 <= record.status_code < 500)
-    return record.outcome == "timeout" and record.error != CALLER_DEADLINE
-
-
-def counted(record: RequestRecord) -> bool:
-    """Whether a record says anything about the revision: answered, or failed by its own doing.
-
-    A caller's 4xx, its own shorter deadline, a caller who left and a request the router refused
-    (budgets) are the caller's or the router's: not counted either way.
-    """
-    if record.outcome == "ok":
-        return not (record.status_code is not None and 400 <= record.status_code < 500)
-    return own_failure(record)
 
 
 def _within(record: RequestRecord, check: PostPromotionCheck) -> bool:

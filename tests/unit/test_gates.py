@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,13 +15,14 @@ from revgate.evaluation.gates import (
     HardConstraintGate,
     LatencyGate,
     QualityGate,
+    RejectionGate,
     SampleRatioGate,
     SloGate,
     attained,
     gates_from_policy,
     judge,
 )
-from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.records import CALLER_DEADLINE, RequestRecord
 from revgate.manifests.errors import ManifestInvalid
 from revgate.manifests.gates import GatePolicy, GateReport, SloTarget
 
@@ -177,6 +179,43 @@ def test_looking_more_often_does_not_change_a_decision() -> None:
 def test_error_rate_increase_fails_and_equal_rates_pass() -> None:
     assert ErrorRateGate(policy()).evaluate(evidence(EVEN, EVEN, error_rate=0.08)).outcome == "fail"
     assert ErrorRateGate(policy()).evaluate(evidence(EVEN, EVEN)).outcome == "pass"
+
+
+def callers(records: tuple[RequestRecord, ...], every: int, how: str) -> tuple[RequestRecord, ...]:
+    """Every ``every``-th record made the caller's: a 400 answer, a 1 ms deadline of its own, or a 429."""
+    made = {"4xx": {"outcome": "error", "status_code": 400, "error": "context length exceeded"},
+            "deadline": {"outcome": "timeout", "error": CALLER_DEADLINE},
+            "429": {"outcome": "rejected", "status_code": 429}}[how]
+    return tuple(replace(r, **made, first_token_s=None, last_token_s=None) if i % every == 0 else r  # type: ignore[arg-type]
+                 for i, r in enumerate(records))
+
+
+@pytest.mark.parametrize("how", ["4xx", "deadline"])
+def test_a_callers_own_failures_are_never_the_revisions(how: str) -> None:
+    # The defect: one tenant's malformed requests or 1 ms deadlines, all landing on the canary (it picks
+    # its arm by its session id), failed the error and SLO gates of a revision as good as stable.
+    ev = evidence(EVEN, EVEN)
+    hostile = Evidence(ev.stable, callers(ev.candidate, 10, how), ev.stable_scores, ev.candidate_scores)
+    p = policy(slo=[{"e2e_ms": 1000, "attainment": "0.95"}])
+    report = {g.name: g for g in gates_from_policy(p).gates}  # type: ignore[attr-defined]
+    assert report["errors"].evaluate(hostile).outcome == "pass"
+    slo = report["slo-*"].evaluate(hostile)
+    assert slo.outcome == "pass" and int(slo.numbers["not_counted_callers"]) == len(ev.candidate) // 10
+    # Spent on one arm only, the callers' outcomes are named for what they are, in their own gate.
+    assert report["caller-outcomes"].evaluate(hostile).outcome == "fail"
+    # Spread over both arms, as traffic the router splits is, they agree: nothing fails.
+    spread = Evidence(callers(ev.stable, 10, how), callers(ev.candidate, 10, how), ev.stable_scores,
+                      ev.candidate_scores)
+    assert all(report[name].evaluate(spread).outcome == "pass" for name in ("errors", "caller-outcomes", "slo-*"))
+
+
+def test_a_candidate_that_sheds_load_fails_the_rejection_gate() -> None:
+    ev = evidence(EVEN, EVEN)
+    shedding = Evidence(ev.stable, callers(ev.candidate, 10, "429"), ev.stable_scores, ev.candidate_scores)
+    assert RejectionGate(policy()).evaluate(shedding).outcome == "fail"
+    assert RejectionGate(policy()).evaluate(ev).outcome == "pass"
+    assert ErrorRateGate(policy()).evaluate(shedding).outcome == "pass"  # refusals are not errors...
+    assert gates_from_policy(policy()).evaluate(shedding).outcome == "fail"  # ...but the joint gate fails
 
 
 def test_latency_regression_on_log_latency() -> None:

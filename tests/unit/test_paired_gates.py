@@ -195,13 +195,14 @@ def test_failed_answers_are_not_latency_pairs() -> None:
 def test_the_policy_selects_paired_gates_only_for_paired_evidence() -> None:
     p = policy(latency_metrics=["ttft", "tpot"])
     names = [g.name for g in gates_from_policy(p, paired_evidence=True).gates]  # type: ignore[attr-defined]
-    assert names == ["quality-paired", "errors", "latency-paired-ttft", "latency-paired-tpot"]
+    rates = ["errors", "caller-outcomes", "rejections"]
+    assert names == ["quality-paired", *rates, "latency-paired-ttft", "latency-paired-tpot"]
     canary = [g.name for g in gates_from_policy(p).gates]  # type: ignore[attr-defined]
-    assert canary == ["quality", "errors", "latency-ttft", "latency-e2e"]
+    assert canary == ["quality", *rates, "latency-ttft", "latency-e2e"]
     plain = GatePolicy.build(slice_keys=["family"])
     assert [g.name for g in gates_from_policy(plain, paired_evidence=True).gates] == [  # type: ignore[attr-defined]
         "quality",
-        "errors",
+        *rates,
         "latency-ttft",
         "latency-e2e",
     ]
