@@ -32,8 +32,36 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--routes", default="",
                         help="route store (DIR, file:///DIR or s3://BUCKET/PREFIX): show the route's stable history "
                              "beside the registry's alias stable, and fail (exit 5) when they disagree")
+    parser.add_argument("--approver-key", action="append", default=[], metavar="NAME=FILE",
+                        help="the public key (PEM file) you trust for an approver, to verify signed approvals with "
+                             "(repeatable); never a key found in the run")
+    parser.add_argument("--site", default="",
+                        help="a site configuration whose plans' approver_keys you trust (besides --approver-key)")
     parser.add_argument("--json", action="store_true", help="print the audit as JSON")
     parser.set_defaults(func=run_evidence)
+
+
+class ApproverKeyInvalid(RevgateError):
+    """An --approver-key is not NAME=FILE, or its file holds no readable key."""
+
+
+def trusted_keys(given: list[str], site: str) -> dict[str, str]:
+    """Approver (casefolded) -> PEM text, from the site configuration's plans, then --approver-key (which wins)."""
+    from revgate.registry.signing import public_key_pem
+
+    keys: dict[str, str] = {}
+    if site:
+        from revgate.flows.site import load_site  # only an audit that names a site reads one
+
+        for plan in load_site(Path(site)).plans.values():
+            keys |= {name.casefold(): public_key_pem(key) for name, key in plan.approver_keys.items()}
+    for item in given:
+        name, sep, file = item.partition("=")
+        if not sep or not name.strip() or not file.strip():
+            raise ApproverKeyInvalid(f"--approver-key {item!r} is not NAME=FILE", where="--approver-key",
+                                     fix="Give the approver's name as the plan lists it, then =, then a PEM file.")
+        keys[name.strip().casefold()] = public_key_pem(file.strip())
+    return keys
 
 
 def run_evidence(args: argparse.Namespace) -> int:
@@ -44,10 +72,11 @@ def run_evidence(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per document otherwise
 
+    trusted = trusted_keys(args.approver_key, args.site)  # a bad key file is refused before anything is read
     ledger = EvidenceLedger(args.tracking_uri, Path.cwd())
     # The short form route history prints (12 hex digits) names a revision too.
     revision = args.revision if args.revision.startswith("sha256:") else f"sha256:{args.revision}"
-    runs = ledger.evidence_of(revision)
+    runs = ledger.evidence_of(revision, trusted)
     if not runs:
         raise EvidenceNotFound(
             f"no promotion run of revision {args.revision!r}",

@@ -62,7 +62,7 @@ class SignatureAudit:
     """A signed approval as the audit found it: the key recorded, and whether the signature verifies now."""
 
     fingerprint: str  # the key's sha256, as the flow recorded it
-    verified: bool  # re-verified now over the stored statement, with the stored key, saying what the answer says
+    verified: bool  # re-verified now over the stored statement with the auditor's key, saying what the answer says
     detail: str = ""  # why it does not verify
 
 
@@ -76,8 +76,9 @@ class ApprovalRecord:
     signature: SignatureAudit | None  # None: the answer was not signed
 
 
-def statement_problem(answer: Mapping[str, Any], statement: bytes) -> str:
-    """What a signed statement says that the recorded answer does not (empty: they agree)."""
+def statement_problem(answer: Mapping[str, Any], statement: bytes, route: str = "", flow_run_id: str = "") -> str:
+    """What a signed statement says that the recorded answer (or the run: its route and Prefect flow run, where
+    recorded) does not; empty when they agree."""
     try:
         said = json.loads(statement)
     except ValueError:
@@ -89,6 +90,9 @@ def statement_problem(answer: Mapping[str, Any], statement: bytes) -> str:
             return f"the signed statement's {field} is not the recorded answer's"
     if str(said.get("approver", "")).strip().casefold() != str(answer.get("approver", "")).strip().casefold():
         return "the signed statement names another approver than the recorded answer"
+    for field, recorded in (("route", route), ("flow_run_id", flow_run_id)):
+        if recorded and str(said.get(field, "")) != recorded:
+            return f"the signed statement's {field} {said.get(field, '')!r} is not the run's {recorded!r}"
     return ""
 
 

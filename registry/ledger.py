@@ -333,16 +333,17 @@ class EvidenceLedger:
         moves = [json.loads(value) for key, value in tags.items() if key.startswith("revgate.alias-history.")]
         return sorted(moves, key=lambda move: int(move["sequence"]))
 
-    def evidence_of(self, candidate: str) -> list[RunEvidence]:
-        """Every promotion run of the revision whose fingerprint is or starts with ``candidate``."""
+    def evidence_of(self, candidate: str, trusted: TrustedKeys | None = None) -> list[RunEvidence]:
+        """Every promotion run of the revision whose fingerprint is or starts with ``candidate`` (signed approvals
+        verified with the ``trusted`` keys)."""
         experiments = [e.experiment_id for e in self.client.search_experiments() if e.name.startswith("revgate/")]
         if not experiments:
             return []
         quoted = candidate.replace("'", "")
         runs = self.client.search_runs(experiments, filter_string=f"tags.`revgate.candidate` LIKE '{quoted}%'")
-        return [self._run_evidence(run) for run in runs]
+        return [self._run_evidence(run, trusted) for run in runs]
 
-    def _run_evidence(self, run: Any) -> RunEvidence:
+    def _run_evidence(self, run: Any, trusted: TrustedKeys | None = None) -> RunEvidence:
         tags: dict[str, str] = dict(run.data.tags)
         stored = self.evidence_files(run.info.run_id)
         approval = parse_approval(stored.get("approval"))
@@ -356,7 +357,8 @@ class EvidenceLedger:
             documents=check_documents(recorded_digests(tags), stored.get),
             approval=approval,
             approved_report=report_for(approval, stored),
-            approvals=approval_records(stored),
+            approvals=approval_records(stored, trusted, route=tags.get("revgate.route", ""),
+                                       flow_run_id=tags.get("prefect_flow_run_id", "")),
         )
 
     def evidence_files(self, run_id: str) -> dict[str, bytes]:
@@ -384,18 +386,31 @@ class EvidenceLedger:
         return {alias: str(version) for alias, version in registered.aliases.items() if str(version) in ours}
 
 
-def approval_records(stored: Mapping[str, bytes]) -> tuple[ApprovalRecord, ...]:
-    """Every counted answer of a run, each signed one's signature verified again from the stored evidence."""
+TrustedKeys = Mapping[str, str]  # approver (casefolded) -> PEM public key, as the auditor gives them
+
+
+def approval_records(
+    stored: Mapping[str, bytes], trusted: TrustedKeys | None = None, *, route: str = "", flow_run_id: str = ""
+) -> tuple[ApprovalRecord, ...]:
+    """Every counted answer of a run, each signed one's signature verified again with the auditor's keys."""
     records = []
     for name in counted_approvals(stored):
         answer = parse_approval(stored[name]) or {}
-        records.append(ApprovalRecord(name, answer, report_for(answer, stored), signature_audit(stored, name, answer)))
+        check = signature_audit(stored, name, answer, trusted, route=route, flow_run_id=flow_run_id)
+        records.append(ApprovalRecord(name, answer, report_for(answer, stored), check))
     return tuple(records)
 
 
-def signature_audit(stored: Mapping[str, bytes], name: str, answer: Mapping[str, Any]) -> SignatureAudit | None:
-    """Re-verify the signature of the counted answer ``name`` over its stored statement with its recorded key
-    (None: the answer was not signed)."""
+def signature_audit(
+    stored: Mapping[str, bytes], name: str, answer: Mapping[str, Any], trusted: TrustedKeys | None = None, *,
+    route: str = "", flow_run_id: str = "",
+) -> SignatureAudit | None:
+    """Re-verify the signature of the counted answer ``name`` over its stored statement with the key the auditor
+    trusts for its approver (None: the answer was not signed).
+
+    The key the run recorded is never used to verify: whoever can write to the run can record a key of their
+    own beside a statement they signed with it. It is only compared with the trusted one.
+    """
     statement, bundle = stored.get(f"{name}-statement"), stored.get(f"{name}-signature")
     signer = parse_approval(stored.get(f"{name}-signer"))
     if statement is None and bundle is None and signer is None:
@@ -403,14 +418,25 @@ def signature_audit(stored: Mapping[str, bytes], name: str, answer: Mapping[str,
     fingerprint = str((signer or {}).get("fingerprint", ""))
     if statement is None or bundle is None or signer is None:
         return SignatureAudit(fingerprint, False, "the statement, the signature or the signer's key is missing")
+    approver = str(answer.get("approver", "")).strip()
+    problem = _trusted_signature_problem(statement, bundle, fingerprint, approver, trusted or {})
+    problem = problem or statement_problem(answer, statement, route, flow_run_id)
+    return SignatureAudit(fingerprint, not problem, problem)
+
+
+def _trusted_signature_problem(statement: bytes, bundle: bytes, fingerprint: str, approver: str,
+                               trusted: TrustedKeys) -> str:
+    """Why the signature does not verify with the key trusted for ``approver`` (empty: it does)."""
+    key = trusted.get(approver.casefold())
+    if key is None:
+        return (f"no trusted key for {approver!r}: give it with --approver-key {approver!r}=FILE or --site "
+                "(a key found in the run proves nothing)")
     from revgate.registry.signing import verify_approval  # sigstore: only where a signed approval is audited
 
     try:
-        verified = verify_approval(statement, bundle.decode("utf-8", "replace"), str(signer.get("public_key", "")))
+        verified = verify_approval(statement, bundle.decode("utf-8", "replace"), key)
     except RevgateError as error:
-        return SignatureAudit(fingerprint, False, error.what)
+        return f"{error.what} (checked with the key trusted for {approver!r})"
     if verified.fingerprint != fingerprint:
-        return SignatureAudit(fingerprint, False, f"the recorded key is {verified.fingerprint}, not {fingerprint}")
-    if problem := statement_problem(answer, statement):
-        return SignatureAudit(fingerprint, False, problem)
-    return SignatureAudit(fingerprint, True)
+        return f"the run records key {fingerprint}, not the trusted {verified.fingerprint}"
+    return ""

@@ -41,6 +41,14 @@ def approve(prefect_api: str, *args: str) -> subprocess.CompletedProcess[str]:
                           check=False, env=env, timeout=120)
 
 
+def audit(tmp_path: Path, keys: dict[str, KeyPair], *more: str) -> subprocess.CompletedProcess[str]:
+    """``revgate evidence`` of the candidate, trusting alice's and bob's public keys (as the auditor holds them)."""
+    trusted = [f"--approver-key=alice@example.com={keys['alice'].public}", f"--approver-key=bob={keys['bob'].public}"]
+    return subprocess.run([sys.executable, "-m", "revgate.cli.main", "evidence", CANDIDATE.fingerprint,
+                           "--tracking-uri", sqlite_uri(tmp_path / "mlflow.db"), *trusted, *more],
+                          capture_output=True, text=True, check=False, cwd=tmp_path)
+
+
 def wait_for_form_saying(run_id: Any, text: str, timeout: float = 120) -> str:
     """The paused run's form once its description says ``text`` (the flow asked again, saying why)."""
     deadline = time.monotonic() + timeout
@@ -152,13 +160,34 @@ def test_only_an_answer_signed_with_the_named_approvers_key_decides(prefect_api:
     assert tags["revgate.approval.signer"] == f"alice@example.com (key {alice})"
     assert tags["revgate.step.approval"] == f"approved by alice@example.com, signed with key {alice}"
 
-    audit = subprocess.run([sys.executable, "-m", "revgate.cli.main",
-                            "evidence", CANDIDATE.fingerprint, "--tracking-uri",
-                            sqlite_uri(tmp_path / "mlflow.db")], capture_output=True, text=True, check=False,
-                           cwd=tmp_path)
-    assert audit.returncode == 0, audit.stdout + audit.stderr
-    assert "approval: approved by alice@example.com" in audit.stdout
-    assert f"signed with key {alice}: signature verified" in audit.stdout
+    audited = audit(tmp_path, keys)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+    assert "approval: approved by alice@example.com" in audited.stdout
+    assert f"signed with key {alice}: signature verified" in audited.stdout
+    # Without the auditor's own keys nothing found in the run vouches for the signature.
+    untrusted = subprocess.run([sys.executable, "-m", "revgate.cli.main", "evidence", CANDIDATE.fingerprint,
+                                "--tracking-uri", sqlite_uri(tmp_path / "mlflow.db")], capture_output=True, text=True,
+                               check=False, cwd=tmp_path)
+    assert untrusted.returncode == 4 and "no trusted key for 'alice@example.com'" in untrusted.stdout, untrusted.stdout
+
+    # The defect: the audit verified with the key stored in the same run, so "alice approves" signed with
+    # a fresh key, stored beside it with its digest tags, audited as verified.
+    from revgate.manifests.canonical import sha256_digest
+    from revgate.registry.signing import sign_approval
+
+    artifacts = Path(ledger.client.get_run(run.run_id).info.artifact_uri.removeprefix("file://")) / "evidence"
+    forger = write_key(tmp_path / "keys", "forger")[0]
+    forged = {"approval-signature": sign_approval((artifacts / "approval-statement.json").read_bytes(),
+                                                  forger.private),
+              "approval-signer": json.dumps({"fingerprint": key_fingerprint(forger.public.read_text()),
+                                             "public_key": forger.public.read_text()})}
+    for name, text in forged.items():
+        path = next(artifacts.glob(f"{name}.*"))
+        path.write_text(text, encoding="utf-8")
+        ledger.client.set_tag(run.run_id, f"revgate.digest.{name}", sha256_digest(path.read_bytes()))
+    caught = audit(tmp_path, keys)
+    assert caught.returncode == 4, caught.stdout
+    assert "SIGNATURE DOES NOT VERIFY" in caught.stdout and "trusted for 'alice@example.com'" in caught.stdout
 
 
 @pytest.mark.timeout(400)
@@ -186,12 +215,9 @@ def test_a_second_counted_answer_is_kept_beside_the_first_and_a_wrong_run_or_sta
     assert json.loads(stored["approval"])["approver"] == "alice@example.com"  # not overwritten by the second
     assert json.loads(stored["approval-2"])["comment"] == "second thoughts"
     assert json.loads(stored["approval-2-statement"])["approve"] is False
-    audit = subprocess.run([sys.executable, "-m", "revgate.cli.main",
-                            "evidence", CANDIDATE.fingerprint, "--tracking-uri",
-                            sqlite_uri(tmp_path / "mlflow.db")], capture_output=True, text=True, check=False,
-                           cwd=tmp_path)
-    assert audit.returncode == 0, audit.stdout + audit.stderr
-    assert audit.stdout.count("signature verified") == 2
+    audited = audit(tmp_path, keys)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+    assert audited.stdout.count("signature verified") == 2
     # Evidence altered after the fact: a signed statement edited (and its digest tag with it) no longer verifies.
     artifacts = Path(ledger.client.get_run(run.run_id).info.artifact_uri.removeprefix("file://"))
     statement = artifacts / "evidence" / "approval-2-statement.json"
@@ -199,9 +225,6 @@ def test_a_second_counted_answer_is_kept_beside_the_first_and_a_wrong_run_or_sta
     from revgate.manifests.canonical import sha256_digest
 
     ledger.client.set_tag(run.run_id, "revgate.digest.approval-2-statement", sha256_digest(statement.read_bytes()))
-    altered = subprocess.run([sys.executable, "-m", "revgate.cli.main",
-                              "evidence", CANDIDATE.fingerprint, "--tracking-uri",
-                              sqlite_uri(tmp_path / "mlflow.db")], capture_output=True, text=True, check=False,
-                             cwd=tmp_path)
+    altered = audit(tmp_path, keys)
     assert altered.returncode == 4, altered.stdout
     assert "SIGNATURE DOES NOT VERIFY" in altered.stdout

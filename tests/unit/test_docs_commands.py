@@ -175,6 +175,9 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     # docs/auditor.md
     "revgate evidence sha256:5555 --tracking-uri sqlite:///.cache/demo/mlflow.db --model chat": (
         "tests/integration/test_ledger.py::test_an_auditor_traces_a_revision_and_finds_its_evidence_intact",),
+    "revgate evidence sha256:5555 --tracking-uri sqlite:///.cache/demo/mlflow.db --approver-key "
+    "alice@example.com=keys/alice.pub --approver-key bob=keys/bob.pub": (
+        "tests/integration/test_signed_approval.py::test_only_an_answer_signed_with_the_named_approvers_key_decides",),
     "revgate evidence sha256:2222 --tracking-uri sqlite:///.cache/demo/mlflow.db --routes .cache/demo/routes": (
         "tests/integration/test_registry_follows_route.py::"
         "test_a_rollback_moves_the_stable_alias_and_both_version_pages_say_where_they_stand",),

@@ -156,3 +156,22 @@ def test_the_documented_site_configuration_loads(tmp_path: Path) -> None:
     site = load_site(path)
     spec = promotion_spec(site, "chat", "improved")
     assert spec.plan == site.plans["half"] and spec.records_sink == "s3://records/prod/chat"
+
+
+def test_an_auditor_trusts_the_sites_approver_keys_and_its_own_first(tmp_path: Path) -> None:
+    from revgate.cli.evidence import ApproverKeyInvalid, trusted_keys
+
+    (tmp_path / "alice.pub").write_text("-----BEGIN PUBLIC KEY-----\nalice-from-site\n", encoding="utf-8")
+    (tmp_path / "mine.pub").write_text("-----BEGIN PUBLIC KEY-----\nalice-mine\n", encoding="utf-8")
+    document = site_json()
+    signed = RolloutPlan.build(steps=[SetWeight(weight_ppm=50_000), Approve()], approvers=("Alice", "bob"),
+                               signed_approval=True, approver_keys={"Alice": str(tmp_path / "alice.pub"),
+                                                                    "bob": "-----BEGIN PUBLIC KEY-----\nbob\n"})
+    document["plans"]["signed"] = signed.model_dump(mode="json")
+    site = str(write_site(tmp_path, document))
+    keys = trusted_keys([], site)
+    assert keys == {"alice": "-----BEGIN PUBLIC KEY-----\nalice-from-site\n",
+                    "bob": "-----BEGIN PUBLIC KEY-----\nbob\n"}
+    assert trusted_keys([f"alice={tmp_path / 'mine.pub'}"], site)["alice"].endswith("alice-mine\n")
+    with pytest.raises(ApproverKeyInvalid, match="is not NAME=FILE"):
+        trusted_keys(["alice"], "")
