@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec
+from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec, auto_refused
 from revgate.manifests.document import describe_validation_error
 from revgate.manifests.errors import ManifestInvalid, RevgateError
 from revgate.manifests.gates import GatePolicy
@@ -102,8 +102,7 @@ class SiteConfig(BaseModel):
                 raise ValueError(f"route {name!r} names policy {route.policy!r}, which is not in policies")
             if route.plan not in self.plans:
                 raise ValueError(f"route {name!r} names plan {route.plan!r}, which is not in plans")
-            plan = self.plans[route.plan]
-            if route.approval == "auto" and (plan.approvers or plan.signed_approval):
+            if auto_refused(route.approval, self.plans[route.plan]):
                 raise ValueError(f"route {name!r}: {NO_AUTO_APPROVAL}")
             for candidate, digest in route.candidates.items():
                 if not digest.startswith(DIGEST_PREFIX):

@@ -16,6 +16,11 @@ NO_AUTO_APPROVAL = ("approval 'auto' is refused for a rollout plan that names ap
                     "its approve steps need those people; give such routes approval 'ui'")
 
 
+def auto_refused(approval: str, plan: RolloutPlan) -> bool:
+    """Whether ``approval`` would answer for people the plan names (its approvers, or signed approvals)."""
+    return approval == "auto" and bool(plan.approvers or plan.signed_approval)
+
+
 class PromotionSpec(BaseModel):
     """Everything ``promote_revision`` needs; the Prefect UI renders it as the run's parameters."""
 
@@ -92,7 +97,7 @@ class PromotionSpec(BaseModel):
     @model_validator(mode="after")
     def _approval_has_its_people(self) -> PromotionSpec:
         # A plan that names approvers or asks for signatures asks for a person: nothing may answer for them.
-        if self.approval == "auto" and (self.plan.approvers or self.plan.signed_approval):
+        if auto_refused(self.approval, self.plan):
             raise ValueError(NO_AUTO_APPROVAL)
         return self
 

@@ -147,7 +147,7 @@ def test_the_children_of_a_server_that_died_are_stopped_with_it(tmp_path: Path, 
     # because stop() signalled the engine's process group only while the server itself still ran.
     ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if child_ignores_sigterm else ""
     ready = tmp_path / "child-ready"  # written once the child's signal handling is in place, not merely once it runs
-    child = f"import signal, time; {ignore}open({str(ready)!r}, 'w').close(); time.sleep(600)"
+    child = f"import signal; {ignore}open({str(ready)!r}, 'w').close(); signal.pause()"
     server = (  # a server and its engine child, in the server's session, as vLLM's are
         "import subprocess, sys, time; "
         f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(600)"
