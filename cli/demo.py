@@ -28,5 +28,9 @@ def run_demo(args: argparse.Namespace) -> int:
     """Build, sign, publish, serve, route and promote; see flows/demo.py."""
     from revgate.flows.demo import run_demo as demo
 
-    return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval, zoo_scale=args.zoo_scale,
-                stay_up=not args.exit)
+    try:
+        return demo(args.state, args.zoo, candidate=args.candidate, approval=args.approval,
+                    zoo_scale=args.zoo_scale, stay_up=not args.exit)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM mid-run: every service it started has been stopped
+        print("revgate demo: interrupted; every process it started is stopped")
+        return 130

@@ -381,7 +381,7 @@ def run_demo(
     the router with users' traffic) until Ctrl-C or SIGTERM, so the three users can look.
     """
     print(f"revgate demo: state in {root}")
-    with demo_session(root, zoo_dir, (candidate,), zoo_scale) as session:
+    with processes.sigterm_as_ctrl_c(), demo_session(root, zoo_dir, (candidate,), zoo_scale) as session:
         how = "approval given automatically" if approval == "auto" else "approve it in the Prefect UI"
         print(f"running promote_revision ({how})")
         done = session.rollout(candidate, approval)

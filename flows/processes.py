@@ -161,6 +161,22 @@ def mlflow_ui(tracking_uri: str, log: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
+def _interrupted(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """For the block, SIGTERM stops the main thread as Ctrl-C does, so every ``with`` that started a
+    child stops it on the way out. Left to its default, SIGTERM ends the owner at once, and its
+    children (each in a session of its own) run on with no parent."""
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def wait_for_interrupt() -> None:
     """Block until Ctrl-C (SIGINT) or SIGTERM; the caller's cleanup runs after.
 

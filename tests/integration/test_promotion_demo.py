@@ -10,6 +10,7 @@ the MLflow alias moved to it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from revgate.manifests.route import RouteSnapshot
 from revgate.registry.route_store import open_route_store
 from tests.integration.gate_reports import evidence_counts, last_report
+from tests.integration.rollout_estate import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
@@ -162,3 +164,55 @@ def test_a_revision_identical_to_stable_is_promoted_by_the_demos_plan(zoo_dir: P
     assert "power: P(pass | equal) at least 0.90 on every gate cell" in notes, notes
     assert "counting began once both arms' replicas were idle" in notes, notes
     assert {g["gate"] for g in report["gates"]} >= {"latency-ttft", "latency-e2e", "errors"}
+
+
+def started_by(state: Path) -> list[int]:
+    """Processes whose command line or environment names the demo's state folder (the Prefect server's
+    PREFECT_HOME is in it), this test's own process aside."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            named = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if str(state).encode() in named:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_sigterm_mid_rollout_stops_every_process_the_demo_started(zoo_dir: Path, tmp_path: Path) -> None:
+    # The defect: SIGTERM outside the demo's last stage ended it at once (the default action), and its
+    # Prefect server, worker agent, engines, router, users' traffic and promotion ran on with no parent.
+    state = tmp_path / "demo"
+    process = subprocess.Popen(demo_command(zoo_dir, state, "improved", "--exit"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert process.stdout is not None
+    watchdog = threading.Timer(900, kill_all, (process,))
+    watchdog.start()
+    lines: list[str] = []
+    try:
+        for line in process.stdout:  # until the rollout has started its candidate's replica
+            lines.append(line)
+            if "start-candidate" in line and "Finished" in line:
+                break
+        output = "".join(lines)
+        prefect = re.search(r"Prefect server at (http://\S+),", output)
+        assert prefect is not None and "start-candidate" in output, output[-3000:]
+        process.send_signal(signal.SIGTERM)  # to the demo alone, as a service manager sends it
+        rest = process.communicate(timeout=180)[0]
+        assert process.returncode == 130, rest[-3000:]
+        assert "interrupted; every process it started is stopped" in rest
+    finally:
+        watchdog.cancel()
+        kill_all(process)
+
+    try:  # stopping a child may take its grace period: polled, with a deadline
+        wait_until(lambda: not started_by(state), 60, "every process the demo started ended")
+    finally:
+        for pid in started_by(state):  # a failing run leaves nothing behind either
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{prefect.group(1)}/api/health", timeout=5)
