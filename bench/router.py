@@ -283,6 +283,7 @@ def route_snapshot(generation: int, stable: int, candidate: int) -> Any:
     now = datetime.now(UTC)
     return RouteSnapshot.build(
         route="bench", generation=generation, created_by="bench", created_at=now.isoformat(),
+        reveal_revision=True,  # the swap check reads the generation from the answers
         stable={"fingerprint": "sha256:" + "a" * 64, "endpoints": [f"http://127.0.0.1:{stable}"]},
         candidate={"fingerprint": "sha256:" + "b" * 64, "endpoints": [f"http://127.0.0.1:{candidate}"],
                    "weight_ppm": 100_000, "lease_expires_at": (now + timedelta(hours=1)).isoformat()},

@@ -235,6 +235,7 @@ def snapshot(generation: int, stable: str, ports: dict[str, int]) -> Any:
 
     return RouteSnapshot.build(
         route="soak", generation=generation, created_by="soak", created_at=datetime.now(UTC).isoformat(),
+        reveal_revision=True,  # the soak checks each answer's revision against its tokens
         stable={"fingerprint": FINGERPRINT[stable], "endpoints": [f"http://127.0.0.1:{ports[stable]}"]},
     )
 

@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     replay.add_argument("--out", type=Path, help="records file (JSON lines); default: TRACE.records.jsonl")
     replay.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     replay.add_argument("--no-progress", action="store_true")
+    replay.add_argument("--credential-file", type=Path,
+                        help="a credential the route trusts (x-revgate-credential): the router then takes the "
+                             "trace's slice labels as evidence; without one they are ignored")
     replay.set_defaults(func=run_replay)
 
     gate = subparsers.add_parser("gate", help="judge request records against a gate policy")
@@ -111,12 +114,17 @@ def run_replay(args: argparse.Namespace) -> int:
     from revgate.evaluation.replay import replay
     from revgate.evaluation.traces import read_trace
 
+    from revgate.serving.token_file import load_token
+
+    credential = load_token(args.credential_file, what="credential", flag="--credential-file") \
+        if args.credential_file else ""
     entries = read_trace(args.trace)
     model = args.model or _served_model(args.target)
     out = args.out or args.trace.with_suffix(".records.jsonl")
     with tqdm(total=len(entries), unit="req", disable=args.no_progress, file=sys.stderr) as bar:
         result = asyncio.run(
-            replay(entries, args.target, model, timeout_s=args.timeout, on_record=lambda _: bar.update())
+            replay(entries, args.target, model, timeout_s=args.timeout, on_record=lambda _: bar.update(),
+                   credential=credential)
         )
     write_records(result.records, out)
     print_summary(result.records, result.lateness_s, result.wall_s)

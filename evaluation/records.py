@@ -44,6 +44,9 @@ class RequestRecord:
     output_text: str | None = None
     reference: str | None = None
     caller_request_id: str = ""  # the caller's own x-request-id (request_id is the router's)
+    # A replay's record: the id the router gave the request, from its answer's x-request-id. The flow
+    # joins its probes' labels on it: a caller can send any x-request-id, never the router's own.
+    router_request_id: str = ""
 
     @property
     def ttft_s(self) -> float | None:

@@ -70,8 +70,15 @@ def request_body(entry: TraceEntry, model: str) -> dict[str, Any]:
     return body
 
 
-def request_headers(entry: TraceEntry) -> dict[str, str]:
-    """Identity and labels a router records and keys on: request id, tenant, slices."""
+CREDENTIAL_HEADER = "x-revgate-credential"  # lets a router take a request's declared labels as evidence
+
+
+def request_headers(entry: TraceEntry, credential: str = "") -> dict[str, str]:
+    """Identity and labels a router records and keys on: request id, tenant, slices.
+
+    A router takes the slices as evidence only with a ``credential`` the route trusts (the rollout's
+    probe credential); without one they are the caller's claim, and ignored.
+    """
     # Each trace request is its own conversation: keyed by request, the canary split is per request
     # (keyed by tenant, a handful of tenants would land all-or-nothing on the candidate).
     headers = {"x-request-id": entry.request_id, "x-session-id": entry.request_id}
@@ -79,6 +86,8 @@ def request_headers(entry: TraceEntry) -> dict[str, str]:
         headers["x-tenant-id"] = entry.tenant
     if entry.slices:
         headers["x-revgate-slices"] = ";".join(f"{key}={value}" for key, value in sorted(entry.slices.items()))
+    if credential:
+        headers[CREDENTIAL_HEADER] = credential
     return headers
 
 
@@ -92,6 +101,7 @@ def _record(
     endpoint: str,
     status: int | None = None,
     error: str = "",
+    router_id: str = "",
 ) -> RequestRecord:
     return RequestRecord(
         request_id=entry.request_id,
@@ -111,6 +121,7 @@ def _record(
         error=error,
         output_text="".join(stream.text) if outcome == "ok" else None,
         reference=entry.reference,
+        router_request_id=router_id,
     )
 
 
@@ -123,15 +134,19 @@ async def send_one(
     arrival: float,
     timeout_s: float,
     clock: Callable[[], float] = time.time,
+    credential: str = "",
 ) -> RequestRecord:
     """Send one request, stream the answer, and describe what happened (never raises for server faults)."""
     url = target.rstrip("/") + entry.endpoint.removeprefix("/v1")
     stream = _Stream()
-    revision = model
+    revision, router_id = model, ""
+    headers = request_headers(entry, credential)
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=request_body(entry, model), headers=request_headers(entry)) as response:
+            async with session.post(url, json=request_body(entry, model), headers=headers) as response:
                 revision = response.headers.get("x-revgate-revision", model)
+                answered_id = response.headers.get("x-request-id", "")
+                router_id = answered_id if answered_id != entry.request_id else ""
                 if response.status != 200:
                     detail = (await response.text())[:200]
                     outcome: Outcome = "rejected" if response.status in REJECT_STATUS else "error"
@@ -144,21 +159,26 @@ async def send_one(
                         endpoint=url,
                         status=response.status,
                         error=detail,
+                        router_id=router_id,
                     )
                 async for raw in response.content:
                     line = raw.decode("utf-8", "replace").strip()
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
                         stream.take(json.loads(line[5:]), clock())
-                return _record(entry, arrival, "ok", stream, revision=revision, endpoint=url, status=200)
+                return _record(entry, arrival, "ok", stream, revision=revision, endpoint=url, status=200,
+                               router_id=router_id)
     except TimeoutError:
         return _record(
-            entry, arrival, "timeout", stream, revision=revision, endpoint=url, error=f"no answer within {timeout_s} s"
+            entry, arrival, "timeout", stream, revision=revision, endpoint=url, error=f"no answer within {timeout_s} s",
+            router_id=router_id,
         )
     except asyncio.CancelledError:
-        return _record(entry, arrival, "cancelled", stream, revision=revision, endpoint=url, error="replay cancelled")
+        return _record(entry, arrival, "cancelled", stream, revision=revision, endpoint=url, error="replay cancelled",
+                       router_id=router_id)
     except (aiohttp.ClientError, json.JSONDecodeError) as error:
         return _record(
-            entry, arrival, "error", stream, revision=revision, endpoint=url, error=f"{type(error).__name__}: {error}"
+            entry, arrival, "error", stream, revision=revision, endpoint=url, error=f"{type(error).__name__}: {error}",
+            router_id=router_id,
         )
 
 
@@ -171,6 +191,7 @@ async def replay(
     on_record: Callable[[RequestRecord], None] | None = None,
     max_connections: int = 1024,
     max_in_flight: int | None = None,
+    credential: str = "",
 ) -> ReplayResult:
     """Send every entry at its offset (open loop) and gather one record per request.
 
@@ -186,7 +207,7 @@ async def replay(
     async def run(entry: TraceEntry, arrival: float) -> None:
         try:
             record = await send_one(session, target, entry, model=model, arrival=arrival, timeout_s=timeout_s,
-                                    clock=clock)
+                                    clock=clock, credential=credential)
         finally:
             if slots is not None:
                 slots.release()

@@ -7,9 +7,11 @@ runs ``promote_revision`` for the candidate through shadow and canary stages to 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,7 @@ from revgate.registry.route_store import open_route_store
 from revgate.registry.runtime import engine_runtime
 from revgate.registry.signing import sign_with_key
 from revgate.registry.store import open_store
+from revgate.serving.token_file import load_token, write_token
 from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 
@@ -136,18 +139,22 @@ USER_RATE = 0.5  # users' requests per second in the background (what one replic
 
 @contextmanager
 def user_traffic(router_url: str, folder: Path, rate: float = USER_RATE,
-                 mix: Mapping[str, float] | None = None, seconds: float = 3600) -> Iterator[subprocess.Popen[bytes]]:
+                 mix: Mapping[str, float] | None = None, seconds: float = 3600,
+                 gateway: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """Users' traffic through the router from another process, open-loop, for as long as the block runs.
 
-    Its requests declare their task slices (as a client may) but carry no reference answers the
-    flow could see: the gates judge them on latency, SLOs, errors and label-free checks. ``mix``
-    weights the task slices the users ask for (default: all alike); the traffic ends after ``seconds``.
+    Its requests name their task slices and carry no reference answers the flow could see: the gates
+    judge them on latency, SLOs, errors and label-free checks. The slices count as evidence only
+    through ``gateway``, a credential file the route trusts (the API gateway in front, which labels
+    requests by product feature); callers' own labels are ignored. ``mix`` weights the task slices
+    the users ask for (default: all alike); the traffic ends after ``seconds``.
     """
     trace = folder / "users.jsonl"
     folder.mkdir(parents=True, exist_ok=True)
     write_trace(generate_trace(int(rate * seconds), rate=rate, seed=11, labelled_fraction=0.0, mix=mix), trace)
     argv = [sys.executable, "-m", "revgate.cli.main", "replay", str(trace), "--target", router_url.rstrip("/") + "/v1",
-            "--out", str(folder / "users-records.jsonl")]
+            "--out", str(folder / "users-records.jsonl"),
+            *(("--credential-file", str(gateway)) if gateway is not None else ())]
     with (folder / "users.log").open("ab") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -156,16 +163,35 @@ def user_traffic(router_url: str, folder: Path, rate: float = USER_RATE,
         processes.stop(process)
 
 
-def route_stable(routes: str, target: RevisionTarget) -> RouteSnapshot:
-    """Put ``target`` as the route's stable revision (a new generation on top of any history); the snapshot."""
+def gateway_credential(folder: Path) -> Path:
+    """The demo's stand-in for an API gateway's credential (made once, owner-only): the route trusts the
+    slice labels of requests that carry it, as it would a gateway that sets them and strips callers' own."""
+    path = folder / "gateway-credential"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        write_token(path, secrets.token_urlsafe(32))
+    return path
+
+
+def credential_digest(path: Path) -> str:
+    """``sha256:<hex>`` of a credential file's credential, as a route's ``trusted_sources`` name it."""
+    return "sha256:" + hashlib.sha256(load_token(path, what="credential").encode()).hexdigest()
+
+
+def route_stable(routes: str, target: RevisionTarget, gateway: Path | None = None) -> RouteSnapshot:
+    """Put ``target`` as the route's stable revision (a new generation on top of any history); the snapshot.
+
+    With ``gateway``, the route trusts that credential's requests to declare their slices."""
     store = open_route_store(routes)
     now = datetime.now(UTC)
     current = store.read(ROUTE)
+    trusted = (credential_digest(gateway),) if gateway is not None else ()
     if current is None:
-        snapshot = RouteSnapshot(route=ROUTE, generation=1, stable=target, created_by="revgate demo", created_at=now)
+        snapshot = RouteSnapshot(route=ROUTE, generation=1, stable=target, created_by="revgate demo", created_at=now,
+                                 trusted_sources=trusted)
     else:
         snapshot = successor(current, by="revgate demo", now=now, stable=target, candidate=None, shadow=None,
-                             failure_domains={})
+                             failure_domains={}, trusted_sources=trusted)
     store.write(snapshot)
     return snapshot
 
@@ -246,6 +272,11 @@ class DemoSession:
         return str(self.root / "routes")
 
     @property
+    def gateway(self) -> Path:
+        """The users' gateway credential: the route trusts the slices its requests declare."""
+        return gateway_credential(self.root / "keys")
+
+    @property
     def client(self) -> WorkerClient:
         """The worker agent's client."""
         return WorkerClient(self.worker_url, self.token.read_text().strip())
@@ -306,7 +337,7 @@ class DemoSession:
             self.start_stable()
         current = open_route_store(self.routes).read(ROUTE)
         if current is None or current.stable != self.stable_target() or current.candidate or current.shadow:
-            self.await_router(route_stable(self.routes, self.stable_target()).generation)
+            self.await_router(route_stable(self.routes, self.stable_target(), self.gateway).generation)
         for replica in client.replicas():
             if replica["state"] in LIVE and replica["replica_id"] != self.stable_view["replica_id"]:
                 client.drain(str(replica["replica_id"]), 5)
@@ -362,11 +393,12 @@ def demo_session(root: Path, zoo_dir: Path, candidates: tuple[str, ...] = ("impr
         session = DemoSession(root, digests, SignaturePolicySpec(kind="key", public_key=str(public)), token, env,
                               worker_url, stable)
         session.start_stable()
-        route_stable(session.routes, session.stable_target())
+        route_stable(session.routes, session.stable_target(), session.gateway)
         session.public_url, session.admin_url = services.enter_context(
             processes.router(session.routes, ROUTE, root / "router", token, sink=str(root / "records")))
         print(f"router at {session.public_url}, records in {root / 'records'}")
-        services.enter_context(user_traffic(session.public_url, root / "users", seconds=users_s))
+        services.enter_context(user_traffic(session.public_url, root / "users", seconds=users_s,
+                                            gateway=session.gateway))
         print(f"users' traffic: {USER_RATE:g} requests/s, open-loop, from another process")
         yield session
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,6 @@ from revgate.evaluation.traces import TraceEntry
 from revgate.registry.record_store import RecordReader, RecordStoreUnavailable, StageWindow, open_record_store
 from revgate.shadow.records import PairedRecord
 
-OWN_TRAFFIC = re.compile(r"^step\d+-b\d+-")  # request ids of the rollout's replayed evidence (stage_batch)
 PROBE_LABEL, PROBE = "class", "probe"  # the declared request class of the flow's probe traffic
 
 
@@ -46,11 +44,26 @@ def stage_batch(trace: Sequence[TraceEntry], stage: str, batch: int, size: int) 
 
 
 def send_batch(router_url: str, entries: Sequence[TraceEntry], model: str = "default", *,
-               max_in_flight: int | None = None) -> list[RequestRecord]:
-    """Replay ``entries`` through the router (open loop, or paced to ``max_in_flight``); one record per request."""
+               max_in_flight: int | None = None, credential: str = "") -> list[RequestRecord]:
+    """Replay ``entries`` through the router (open loop, or paced to ``max_in_flight``); one record per request.
+
+    With the rollout's probe ``credential`` the router takes the entries' labels (slices, ``class=probe``)
+    as evidence; each record names the router's id for its request (``router_request_id``).
+    """
     result = asyncio.run(replay(entries, router_url.rstrip("/") + "/v1", model, timeout_s=120.0,
-                                max_in_flight=max_in_flight))
+                                max_in_flight=max_in_flight, credential=credential))
     return list(result.records)
+
+
+def probe_labels(sent: Iterable[RequestRecord], entries: Sequence[TraceEntry]) -> dict[str, TraceEntry]:
+    """Each probe's trace entry (its reference answer) by the id the router gave it, as its answer said.
+
+    Never by the probe's own x-request-id: any caller can send that id (and the flow's are predictable),
+    while the router's id is the router's alone.
+    """
+    by_trace = {entry.request_id: entry for entry in entries}
+    return {record.router_request_id: by_trace[record.request_id] for record in sent
+            if record.router_request_id and record.request_id in by_trace}
 
 
 def canary_arms(
@@ -207,17 +220,17 @@ class SinkTail:
 
 
 def own_traffic(record: dict[str, object]) -> bool:
-    """Whether a router record is the rollout's own replayed probe (by the caller's id or its class label)."""
-    ids = (str(record.get("request_id", "")), str(record.get("caller_request_id", "")))
+    """Whether a router record is the rollout's own replayed probe: its ``class=probe`` label, which a router
+    takes only from a request carrying the rollout's probe credential (never by id: callers choose theirs)."""
     slices = record.get("slices")
-    return any(OWN_TRAFFIC.match(i) for i in ids) or (isinstance(slices, dict) and slices.get("class") == "probe")
+    return isinstance(slices, dict) and slices.get(PROBE_LABEL) == PROBE
 
 
 def live_arrivals(path: Path, since_s: float, tail_bytes: int = 4 << 20) -> list[float]:
     """Arrival times of live requests in the router's records since ``since_s``.
 
-    The rollout's own replayed evidence traffic (caller request ids ``stepNN-bN-...``, or the
-    ``class=probe`` label) is not demand the revisions must carry: it stops when the rollout does.
+    The rollout's own replayed evidence traffic (the ``class=probe`` label) is not demand the revisions
+    must carry: it stops when the rollout does.
     """
     if not path.exists():
         return []
@@ -309,7 +322,7 @@ class StageRecords:
         return len(self.by_id) + len(self.pairs)
 
     def settle(self, probes: Iterable[str], *, quiet_s: float = 2.5, limit_s: float = 30.0) -> None:
-        """Poll until every probe sent (caller ids) is in, with its pair in shadow, or none came for ``quiet_s``.
+        """Poll until every probe sent (the router's ids) is in, with its pair in shadow, or none came for ``quiet_s``.
 
         Routers write their records in batches (one object per interval), and mirrored copies are
         answered after the callers, so the newest evidence lands a little after the traffic ends.
@@ -327,7 +340,7 @@ class StageRecords:
 
     def _landed(self, wanted: set[str]) -> int:
         """Probes whose record is in, plus those whose pair is in (or need none: canary, or a failed request)."""
-        callers = [r for r in self.by_id.values() if r.caller_request_id in wanted]
+        callers = [self.by_id[id_] for id_ in wanted if id_ in self.by_id]
         paired = sum(self.pair_reader is None or r.outcome != "ok" or r.request_id in self.pairs for r in callers)
         return len(callers) + paired
 
@@ -367,8 +380,9 @@ class StageRecords:
 
 
 def with_labels(record: RequestRecord, labels: Mapping[str, TraceEntry]) -> RequestRecord:
-    """The record with its reference answer, where the flow sent it from a labelled trace."""
-    entry = labels.get(record.caller_request_id)
+    """The record with its reference answer, where the flow sent it from a labelled trace (``labels`` is keyed
+    by the router's id, :func:`probe_labels`)."""
+    entry = labels.get(record.request_id)
     return record if entry is None or entry.reference is None else replace(record, reference=entry.reference)
 
 

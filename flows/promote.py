@@ -59,7 +59,7 @@ from revgate.promotion.machine import (
     start,
 )
 from revgate.promotion.ownership import Takeover, decision_of, drainable, lease_end
-from revgate.promotion.routes import desired_route
+from revgate.promotion.routes import RolloutKeys, desired_route
 from revgate.promotion.window import OPEN_UNTIL, WINDOW_TAG, WindowTally, WindowVerdict, tally, window_verdict
 from revgate.registry.auditor_view import IN_ROLLOUT
 from revgate.registry.follow import follow_route
@@ -136,21 +136,23 @@ def isolated_task(view: dict[str, Any]) -> dict[str, float]:
 @task(name="analyze")
 def analyze_task(
     spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str,
-    generation: int = 0,
+    generation: int = 0, keys: RolloutKeys | None = None,
 ) -> tuple[GateReport, bool, Measured | None]:
     """Judge the stage's traffic in batches, looking at the gates after each; stop once decided.
 
     Returns the report, whether the stage ended at its limit (its last batch, or every undecided gate
     futile), and what the stage measured of stable for the next stage's power check.
     """
+    credential = keys.probe_credential if keys is not None else ""
     if spec.records_sink:
-        return analyze_live(spec, state, step, stage, revisions=(stable, candidate), generation=generation)
-    return analyze_probes(spec, state, step, stage, stable=stable, candidate=candidate)
+        return analyze_live(spec, state, step, stage, revisions=(stable, candidate), generation=generation,
+                            credential=credential)
+    return analyze_probes(spec, state, step, stage, stable=stable, candidate=candidate, credential=credential)
 
 
 def analyze_live(
     spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, revisions: tuple[str, str],
-    generation: int,
+    generation: int, credential: str = "",
 ) -> tuple[GateReport, bool, Measured | None]:
     """The stage's evidence from the record sink: every router's records of the stage's generations.
 
@@ -172,9 +174,11 @@ def analyze_live(
     for batch in range(batches):
         if trace:
             entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
-            labels.update((entry.request_id, entry) for entry in entries)
-            evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency)
-            records.settle(entry.request_id for entry in entries)
+            sent = evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency,
+                                       credential=credential)
+            fresh = evidence.probe_labels(sent, entries)
+            labels.update(fresh)
+            records.settle(fresh)
         else:
             records.wait_for(spec.batch_size, spec.user_wait_s)
         arms = records.shadow(labels) if shadow else records.canary(*revisions, labels)
@@ -219,7 +223,8 @@ def with_provenance(report: GateReport, arms: evidence.StageArms) -> GateReport:
 
 
 def analyze_probes(
-    spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str
+    spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str,
+    credential: str = "",
 ) -> tuple[GateReport, bool, Measured | None]:
     """Without a record sink: replay labelled probes, judged on the replay's own records and the pairs file."""
     logger = get_run_logger()
@@ -236,7 +241,8 @@ def analyze_probes(
     started = time.monotonic()
     for batch in range(batches):
         entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
-        records = evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency)
+        records = evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency,
+                                      credential=credential)
         if state.shadow_ppm:
             # Re-pair everything sent so far: copies of earlier batches may have landed since.
             sent += records
@@ -281,6 +287,7 @@ class Promotion:
         self.capacity_checks = 0
         self.latest_report = "No gate report yet."
         self.measured: Measured | None = None  # stable as the last stage measured it, for the next power check
+        self.keys = RolloutKeys.new()  # the cohort's secret and the probes' credential, for this rollout only
 
     def wait(self, seconds: float) -> None:
         """Sleep, cut short as soon as another writer takes the route (RouteTakenOver) or the run is cancelled."""
@@ -299,7 +306,7 @@ class Promotion:
 
         def change(current: RouteSnapshot) -> RouteSnapshot | None:
             return desired_route(current, self.state, self.target, lease_seconds=self.spec.plan.lease_seconds,
-                                 by=self.spec.created_by, now=now)
+                                 by=self.spec.created_by, now=now, keys=self.keys)
 
         proposed = self.owner.commit(change)
         if proposed is not None:
@@ -406,7 +413,7 @@ class Promotion:
         self.ledger.log_json(self.run, f"drained-{stage}", drained)
         report, at_limit, self.measured = analyze_task(
             self.spec, self.state, size.step, stage, stable=self.stable, candidate=self.target.fingerprint,
-            generation=self.owner.generation,
+            generation=self.owner.generation, keys=self.keys,
         )
         waited = f"counting began once both arms' replicas were idle ({drained['waited_s']} s)" if drained["idle"] \
             else f"both arms' replicas were still busy after {drained['waited_s']} s: {drained['busy']}"

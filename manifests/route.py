@@ -22,6 +22,7 @@ from revgate.manifests.errors import RevgateError
 PPM = 1_000_000
 ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ALL_TOOLS = "*"
+COHORT_SECRET = re.compile(r"^[0-9a-f]{32,128}$")
 
 Ppm = Annotated[int, Field(ge=0, le=PPM)]
 
@@ -132,6 +133,21 @@ class RouteSnapshot(Document):
     failure_domains: dict[str, str] = Field(default_factory=dict)  # endpoint -> domain
     request_timeout_ms: int = Field(default=60_000, ge=1, le=3_600_000)
     max_retries: int = Field(default=1, ge=0, le=5)
+    # Who may declare evidence about a request, and who learns which revision answered it. A caller
+    # who could pick its slice, its probe status or its arm could fail any canary, or hide a
+    # regression; so the router takes evidence labels (x-revgate-slices, -class, -task, metadata
+    # revgate_*) only from a request whose x-revgate-credential hashes to one of these digests: the
+    # rollout's probe credential, or a trusted gateway's (one that sets the header and strips it
+    # from outside callers). Digests only: the route store never holds a credential itself.
+    probe_credential: str = ""  # sha256:<hex> of the running rollout's probe credential; "" outside one
+    trusted_sources: tuple[str, ...] = ()  # sha256:<hex> of each trusted gateway's credential
+    # A per-rollout secret in the canary and shadow salts: without it the cohort of a candidate is
+    # computable from the route's name and the candidate's fingerprint, and callers could pick their arm.
+    cohort_secret: str = ""  # hex, 32 to 128 digits; "" outside a rollout
+    # Whether every caller's answer names the revision, generation and arm that served it. Off by
+    # default (the arm would tell a tenant which of its sessions to spend on the canary); requests
+    # with a credential above always see them.
+    reveal_revision: bool = False
     created_by: str = Field(min_length=1)
     created_at: datetime
 
@@ -140,6 +156,27 @@ class RouteSnapshot(Document):
     def _route(cls, value: str) -> str:
         if not ROUTE_NAME.match(value):
             raise ValueError("route must be 1-63 of a-z 0-9 . _ - starting with a letter or digit")
+        return value
+
+    @field_validator("probe_credential")
+    @classmethod
+    def _probe_credential(cls, value: str) -> str:
+        if value and not DIGEST.match(value):
+            raise ValueError("probe_credential must be sha256:<64 hex> (the credential's digest) or empty")
+        return value
+
+    @field_validator("trusted_sources")
+    @classmethod
+    def _trusted_sources(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if bad := [item for item in value if not DIGEST.match(item)]:
+            raise ValueError(f"trusted_sources must be sha256:<64 hex> digests of credentials, not {bad[0]!r}")
+        return value
+
+    @field_validator("cohort_secret")
+    @classmethod
+    def _cohort_secret(cls, value: str) -> str:
+        if value and not COHORT_SECRET.match(value):
+            raise ValueError("cohort_secret must be 32 to 128 lowercase hex digits, or empty")
         return value
 
     @field_validator("created_at")

@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+import hashlib
+import secrets
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
 from revgate.manifests.route_change import as_target, canary, mirror, same_traffic, successor
 from revgate.promotion.machine import RolloutState
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutKeys:
+    """One rollout's secrets: the cohort salt's secret, and the credential its probes carry.
+
+    The route store holds the cohort secret (every router must bucket alike) and only the digest of
+    the probe credential; the credential itself stays with the flow, which sends it on its probes.
+    """
+
+    cohort_secret: str = field(repr=False)
+    probe_credential: str = field(default="", repr=False)
+
+    @classmethod
+    def new(cls) -> RolloutKeys:
+        """Fresh secrets for a rollout that starts now."""
+        return cls(cohort_secret=secrets.token_hex(32), probe_credential=secrets.token_urlsafe(32))
+
+    @property
+    def probe_digest(self) -> str:
+        """``sha256:<hex>`` of the probe credential, as routes name it ("" without one)."""
+        if not self.probe_credential:
+            return ""
+        return "sha256:" + hashlib.sha256(self.probe_credential.encode()).hexdigest()
 
 
 def desired_route(
@@ -17,23 +44,29 @@ def desired_route(
     lease_seconds: int,
     by: str,
     now: datetime,
+    keys: RolloutKeys | None = None,
 ) -> RouteSnapshot | None:
     """The next snapshot for ``state``, or None when the committed route already routes that way.
 
-    Leases are renewed by :func:`renew_leases`, not here, so a no-op step writes nothing.
+    Leases are renewed by :func:`renew_leases`, not here, so a no-op step writes nothing. While the
+    rollout runs, its ``keys`` are the route's cohort secret and probe credential; its decision clears them.
     """
+    ended = {"cohort_secret": "", "probe_credential": ""}
     if state.status == "promoted":
         # The old stable's endpoints leave the route, and with them their failure domains.
         domains = {url: dom for url, dom in current.failure_domains.items() if url in candidate.endpoints}
         proposed = successor(
-            current, by=by, now=now, stable=as_target(candidate), candidate=None, shadow=None, failure_domains=domains
+            current, by=by, now=now, stable=as_target(candidate), candidate=None, shadow=None, failure_domains=domains,
+            **ended,
         )
     elif state.status == "rolled_back":
-        proposed = successor(current, by=by, now=now, candidate=None, shadow=None)
+        proposed = successor(current, by=by, now=now, candidate=None, shadow=None, **ended)
     else:
         weighted = canary(candidate, state.weight_ppm, now, lease_seconds) if state.weight_ppm else None
         mirrored = mirror(candidate, state.shadow_ppm, now, lease_seconds) if state.shadow_ppm else None
-        proposed = successor(current, by=by, now=now, candidate=weighted, shadow=mirrored)
+        running = ended if keys is None else {"cohort_secret": keys.cohort_secret,
+                                              "probe_credential": keys.probe_digest}
+        proposed = successor(current, by=by, now=now, candidate=weighted, shadow=mirrored, **running)
     return None if same_traffic(current, proposed) else proposed
 
 

@@ -46,7 +46,8 @@ def plan_rollback(newest_first: Iterable[RouteSnapshot], *, by: str, now: dateti
     if current is None:
         raise NothingToRollBack("the route has no snapshots", fix="Check the route name and the store URL.")
     if current.candidate is not None or current.shadow is not None:
-        return successor(current, by=by, now=now, candidate=None, shadow=None)
+        # The rollout's secrets end with it: its probe credential no longer declares evidence.
+        return successor(current, by=by, now=now, candidate=None, shadow=None, cohort_secret="", probe_credential="")
     good = next((snap for snap in generations if snap.stable.fingerprint != current.stable.fingerprint), None)
     if good is None:
         raise NothingToRollBack(
@@ -61,7 +62,7 @@ def revert_to(current: RouteSnapshot, good: RouteSnapshot, *, by: str, now: date
     """The successor of ``current`` that serves ``good``'s stable revision alone, on its endpoints."""
     domains = {url: domain for url, domain in good.failure_domains.items() if url in good.stable.endpoints}
     return successor(current, by=by, now=now, stable=as_target(good.stable), candidate=None, shadow=None,
-                     failure_domains=domains)
+                     failure_domains=domains, cohort_secret="", probe_credential="")
 
 
 def on_live_endpoints(planned: RouteSnapshot, live: Iterable[str]) -> RouteSnapshot:

@@ -87,16 +87,38 @@ def parse_body(body: bytes) -> Any:
         return UNREADABLE
 
 
-def rewrite_model(body: bytes, served_model: str, document: Any = None) -> bytes:
-    """Replace the request's top-level ``model`` with the name the upstream serves.
+def rewrite_model(body: bytes, served_model: str | None, document: Any = None, *, changed: bool = False) -> bytes:
+    """The body the upstream gets: the request's top-level ``model`` replaced with the name it serves.
 
-    ``document`` is the body already parsed (:func:`parse_body`), so the body is read once per request.
+    ``document`` is the body already parsed (:func:`parse_body`), so the body is read once per request;
+    ``changed`` says the document was edited in place (evidence metadata dropped) and must be written
+    again even where its model stays.
     """
     request = parse_body(body) if document is None else document
-    if not isinstance(request, dict) or request.get("model") == served_model:
+    if not isinstance(request, dict):
         return body  # a malformed body goes as it came: the upstream answers it with its own 400
-    request["model"] = served_model
+    if served_model is None or request.get("model") == served_model:
+        if not changed:
+            return body
+    else:
+        request["model"] = served_model
     try:
         return orjson.dumps(request)
     except (TypeError, orjson.JSONEncodeError):  # integers past 64 bits, lone surrogates: escaped ASCII JSON
         return json.dumps(request, separators=(",", ":")).encode()
+
+
+def drop_evidence_metadata(document: Any) -> bool:
+    """Remove the ``revgate_*`` entries of the body's ``metadata`` (labels for the router, never the engine's).
+
+    True when something was removed: the body must then be written again.
+    """
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    if not isinstance(metadata, dict):
+        return False
+    ours = [key for key in metadata if isinstance(key, str) and key.startswith("revgate_")]
+    for key in ours:
+        del metadata[key]
+    if ours and not metadata:
+        del document["metadata"]
+    return bool(ours)

@@ -30,7 +30,9 @@ from revgate.serving.router.http import Request, ServerConnection, serve
 from revgate.serving.router.ids import RequestIds, bad_id, caller_text
 from revgate.serving.router.limits import MIB, Limits, Watchdog
 from revgate.serving.router.metrics import RouterMetrics
-from revgate.serving.router.parse import Usage, output_text, parse_body, rewrite_model, usage_of
+from revgate.serving.router.parse import (
+    Usage, drop_evidence_metadata, output_text, parse_body, rewrite_model, usage_of,
+)
 from revgate.serving.router.records import JsonLinesWriter
 from revgate.serving.router.relay import Relay
 from revgate.serving.router.sink import ObjectSink, Sink, Tee
@@ -104,6 +106,8 @@ class Call:
     first: int = 0  # the first endpoint tried
     document: Any = None  # the request body's JSON, parsed once at entry (UNREADABLE if it is not JSON)
     callers_deadline: bool = False  # the deadline is the caller's own shorter one, not the route's
+    revealed: bool = False  # the answer names the revision and arm (a credentialed caller, or the route says so)
+    stripped: bool = False  # evidence metadata was dropped from the parsed body: it is written again
 
 
 def _error_body(message: str, kind: str) -> bytes:
@@ -122,7 +126,8 @@ RECORD_KEYS = (
     "endpoint", "first_token_s", "last_token_s", "prompt_tokens", "output_tokens", "finish_reason", "status_code",
     "error", "output_text", "reference", "caller_request_id",
 )
-if tuple(item.name for item in fields(RequestRecord)) != RECORD_KEYS:  # pragma: no cover - a developer error
+REPLAY_ONLY_KEYS = ("router_request_id",)  # what only a replay knows (the router's id is its request_id)
+if tuple(item.name for item in fields(RequestRecord)) != (*RECORD_KEYS, *REPLAY_ONLY_KEYS):  # pragma: no cover
     raise ImportError("serving.router.service: RequestRecord's fields changed; update Router._record and RECORD_KEYS")
 
 
@@ -374,11 +379,18 @@ class Router:
             target = self._fallback(route)  # every candidate replica refused: stable serves, counted
         body = request.body
         document = parse_body(body) if body else None  # once per request: model, labels, the shadow check
-        if target.served_model is not None and body:
-            body = rewrite_model(body, target.served_model, document)
-        extra = target.headers + b"x-request-id: " + request_id + b"\r\n"
+        # Evidence about a request (its slice, probe class, task) only from who may give it: otherwise
+        # one tenant could fail any canary on a slice of its choosing, or spend its failures on stable.
+        trusted = route.trusts(headers.get(b"x-revgate-credential"))
+        declared = _declared(headers, document) if trusted else {}
+        stripped = drop_evidence_metadata(document)
+        if body and (stripped or target.served_model is not None):
+            body = rewrite_model(body, target.served_model, document, changed=stripped)
+        revealed = trusted or route.reveal
+        extra = (target.headers if revealed else b"") + b"x-request-id: " + request_id + b"\r\n"
         call = Call(caller, request, route, target, path, body, request_id.decode(), caller_id, tenant,
-                    _declared(headers, document), arrival, extra, target.labels, document=document)
+                    declared, arrival, extra, target.labels, document=document, revealed=revealed,
+                    stripped=stripped)
         call.deadline = self._loop.time() + self._timeout_s(call)
         return call
 
@@ -549,10 +561,10 @@ class Router:
     def _retarget(self, call: Call, target: Target) -> None:
         """Move a call that nothing has answered yet to ``target`` (its model name, headers and labels)."""
         body = call.request.body
-        if target.served_model is not None and body:
-            body = rewrite_model(body, target.served_model, call.document)
+        if body and (call.stripped or target.served_model is not None):
+            body = rewrite_model(body, target.served_model, call.document, changed=call.stripped)
         call.target, call.body, call.labels = target, body, target.labels
-        call.headers = target.headers + b"x-request-id: " + call.request_id.encode() + b"\r\n"
+        call.headers = (target.headers if call.revealed else b"") + b"x-request-id: " + call.request_id.encode() + b"\r\n"
 
     # --- outcomes --------------------------------------------------------------------------
     # Every request ends in one of three places, whichever path served it (pooled callbacks or the

@@ -54,7 +54,7 @@ class Target:
     endpoints: tuple[tuple[str, int], ...]
     urls: tuple[str, ...]
     served_model: str | None
-    headers: bytes  # "x-revgate-revision: ...\r\nx-revgate-generation: ...\r\n"
+    headers: bytes  # "x-revgate-revision: ...\r\nx-revgate-generation: ...\r\nx-revgate-arm: ...\r\n"
     short: str
     labels: Labels = ()  # metric labels: route and revision
     outcome_labels: dict[str, Labels] = field(default_factory=dict, compare=False, hash=False)  # + arm, outcome
@@ -78,6 +78,9 @@ class PinnedRoute:
     failure_domains: dict[str, str]
     timeout_s: float
     max_retries: int
+    credentials: frozenset[bytes]  # sha256 digests of the credentials whose bearers may declare evidence
+    probe_digest: bytes  # the rollout's probe credential's digest (b"" outside a rollout)
+    reveal: bool  # every caller's answer names its revision and arm
     canary_keyed: Any = field(compare=False, hash=False)  # _keyed(canary_salt)
     shadow_keyed: Any = field(compare=False, hash=False)  # _keyed(shadow_salt)
 
@@ -89,6 +92,12 @@ class PinnedRoute:
         if _bucket(self.canary_keyed, key) < self.canary_weight_ppm:
             return candidate
         return self.stable
+
+    def trusts(self, credential: bytes | None) -> bool:
+        """Whether a request's ``x-revgate-credential`` is the rollout's probe credential or a trusted source's."""
+        if not credential or not self.credentials:
+            return False
+        return hashlib.sha256(credential).digest() in self.credentials
 
     def shadow_for(self, request_id: bytes, now_s: float) -> Target | None:
         """The shadow target if this request is sampled for mirroring and the lease holds."""
@@ -125,12 +134,21 @@ def _target(arm: str, target: RevisionTarget, route: str, generation: int) -> Ta
     )
 
 
+def _digest_bytes(digest: str) -> bytes:
+    """``sha256:<hex>`` as its 32 raw bytes (b"" for none)."""
+    return bytes.fromhex(digest.removeprefix("sha256:")) if digest else b""
+
+
 def compile_route(snapshot: RouteSnapshot) -> PinnedRoute:
     """Precompute everything a request needs from ``snapshot``."""
     candidate, shadow = snapshot.candidate, snapshot.shadow
     generation = snapshot.generation
-    canary_salt = f"{snapshot.route}|{candidate.fingerprint if candidate else ''}".encode()
-    shadow_salt = f"shadow|{snapshot.route}|{shadow.fingerprint if shadow else ''}".encode()
+    # The rollout's secret makes the cohort unknowable outside the route store: route and fingerprint
+    # alone are public enough (answers named the revision) for a caller to compute its arm.
+    secret = snapshot.cohort_secret
+    canary_salt = f"{snapshot.route}|{candidate.fingerprint if candidate else ''}|{secret}".encode()
+    shadow_salt = f"shadow|{snapshot.route}|{shadow.fingerprint if shadow else ''}|{secret}".encode()
+    probe = _digest_bytes(snapshot.probe_credential)
     return PinnedRoute(
         snapshot=snapshot,
         stable=_target(STABLE, snapshot.stable, snapshot.route, generation),
@@ -148,6 +166,9 @@ def compile_route(snapshot: RouteSnapshot) -> PinnedRoute:
         failure_domains=dict(snapshot.failure_domains),
         timeout_s=snapshot.request_timeout_ms / 1000,
         max_retries=snapshot.max_retries,
+        credentials=frozenset(filter(None, (probe, *map(_digest_bytes, snapshot.trusted_sources)))),
+        probe_digest=probe,
+        reveal=snapshot.reveal_revision,
         canary_keyed=_keyed(canary_salt),
         shadow_keyed=_keyed(shadow_salt),
     )

@@ -271,7 +271,7 @@ def rollout(estate: Estate, folder: Path, route: str, plan: RolloutPlan, *, appr
     routes = str(folder / "routes")
     stable = estate.stable()
     open_route_store(routes).write(RouteSnapshot(route=route, generation=1, stable=stable, created_by="seed",
-                                                 created_at=datetime.now(UTC)))
+                                                 created_at=datetime.now(UTC), reveal_revision=True))
     trace = folder / "trace.jsonl"
     trace.write_text("", encoding="utf-8")
     with processes.router(routes, route, folder / "router", estate.token) as (public_url, admin_url):

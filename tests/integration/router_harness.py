@@ -151,12 +151,17 @@ class UpstreamFarm:
 
 def snapshot(route: str, generation: int, stable: list[Upstream], *, candidate: list[Upstream] | None = None,
              weight_ppm: int = 0, lease_s: int = 3600, shadow: list[Upstream] | None = None, sample_ppm: int = 0,
-             side_effecting_tools: tuple[str, ...] = ("*",)) -> RouteSnapshot:
-    """A snapshot whose revisions are named after their upstreams' names."""
+             side_effecting_tools: tuple[str, ...] = ("*",), reveal_revision: bool = True,
+             **more: Any) -> RouteSnapshot:
+    """A snapshot whose revisions are named after their upstreams' names (``more``: other snapshot fields).
+
+    Answers name their revision and arm here (``reveal_revision``): these tests check who served what.
+    """
     now = datetime.now(UTC)
     lease = (now + timedelta(seconds=lease_s)).isoformat()
     fields: dict[str, Any] = {
         "route": route, "generation": generation, "created_by": "tests", "created_at": now.isoformat(),
+        "reveal_revision": reveal_revision, **more,
         "stable": {"fingerprint": fingerprint(stable[0].name.rstrip("0123456789")),
                    "endpoints": [item.url for item in stable]},
     }

@@ -101,7 +101,8 @@ def test_a_deployment_run_puts_the_candidate_on_every_agent_and_every_router_ser
             processes.worker_agent(tmp_path / "second-agent", parts.token) as second_agent:
         routes = routes_on_s3(s3_endpoint)
         open_route_store(routes).write(RouteSnapshot(route=ROUTE, generation=1, stable=parts.stable(),
-                                                     created_by="seed", created_at=datetime.now(UTC)))
+                                                     created_by="seed", created_at=datetime.now(UTC),
+                                                     reveal_revision=True))
         token = parts.token.read_text().strip()
         agents = [parts.worker_url, second_agent]
         with processes.router(routes, ROUTE, tmp_path / "router-a", parts.token) as (url_a, admin_a), \

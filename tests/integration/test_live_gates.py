@@ -10,11 +10,14 @@ judge): it works the reference task out from the user's prompt and prefers the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +31,7 @@ from revgate.evaluation import metrics
 from revgate.evaluation.reference_task import TASK_SLICES
 from revgate.evaluation.replay import replay
 from revgate.evaluation.traces import generate_trace
-from revgate.flows.demo import EXECUTION, user_traffic
+from revgate.flows.demo import EXECUTION, credential_digest, gateway_credential, user_traffic
 from revgate.flows.processes import router
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.gates import GatePolicy
@@ -64,15 +67,20 @@ class Ended:
 def roll_out(
     live: Estate, folder: Path, route: str, candidate: str, *, plan: RolloutPlan, policy: GatePolicy, rate: float,
     mix: dict[str, float] | None = None, judge_url: str = "", local_records: bool = True,
+    beside: Any = None,
 ) -> Ended:
-    """Run ``revgate promote`` for ``candidate`` with the probes off while users' traffic runs."""
+    """Run ``revgate promote`` for ``candidate`` with the probes off while users' traffic runs
+    (``beside(public_url, routes)``: a context manager of more traffic for the same time)."""
     folder.mkdir(parents=True, exist_ok=True)
     routes, sink = str(folder / "routes"), str(folder / "records")
+    gateway = gateway_credential(folder)  # the users' slices are evidence: they come through a trusted gateway
     open_route_store(routes).write(RouteSnapshot(route=route, generation=1, stable=live.stable(), created_by="seed",
-                                                 created_at=datetime.now(UTC)))
+                                                 created_at=datetime.now(UTC),
+                                                 trusted_sources=(credential_digest(gateway),)))
     tracking = f"sqlite:///{(folder / 'mlflow.db').resolve()}"
     with (router(routes, route, folder / "router", live.token, sink=sink) as (public, admin),
-          user_traffic(public, folder / "users", rate, mix)):
+          user_traffic(public, folder / "users", rate, mix, gateway=gateway),
+          beside(public, routes) if beside is not None else contextlib.nullcontext()):
         spec = PromotionSpec(
             route=route, candidate_manifest=live.digests[candidate], candidate_name=candidate,
             artifact_store=live.store, route_store=routes, signature=live.policy, execution=EXECUTION, warm=WARM,
@@ -173,3 +181,71 @@ def test_the_rollback_window_reads_every_routers_records_from_the_sink(live: Est
     assert window["outcome"] == "healthy" and window["requests"] >= 5, window  # the promoted revision's users
     assert window["baseline_requests"] > 0, window  # the old stable's, while both served
     assert run.data.tags["revgate.rollback_window"].startswith("ended healthy: "), run.data.tags
+
+
+@contextlib.contextmanager
+def hostile_tenant(public: str, routes: str, route: str, rate: float, sent: list[int]) -> Iterator[None]:
+    """A tenant steering the evidence with everything a caller can send, ``rate`` requests a second: sessions
+    chosen for the canary from the route's name and the candidate's fingerprint (as the salt was), a 1 ms
+    deadline, a malformed request the engine refuses (400), a declared slice, probe class and task, and
+    the ids of the flow's probes. Each status it got is put in ``sent``."""
+    import httpx
+
+    from revgate.serving.router.split import bucket_ppm
+
+    stop = threading.Event()
+
+    def chosen_sessions() -> Iterator[str]:
+        while not stop.is_set():
+            current = open_route_store(routes).read(route)
+            if current is not None and current.candidate is not None:
+                salt = f"{route}|{current.candidate.fingerprint}".encode()
+                yield from (f"t-{n}" for n in range(10**6) if bucket_ppm(salt, f"t-{n}".encode()) < 500_000)
+            stop.wait(0.5)
+
+    def run() -> None:
+        steer = {"x-revgate-slices": "family=sort;length=long", "x-revgate-class": "probe", "x-revgate-task": "sort"}
+        with httpx.Client(timeout=30) as client:
+            for number, session in enumerate(chosen_sessions()):
+                if stop.is_set():
+                    return
+                headers = {"x-session-id": session, "x-request-id": f"step01-b0-t{number}", **steer}
+                body: dict[str, Any] = {"model": route, "prompt": "sort: 3 1 2 =", "max_tokens": 8}
+                if number % 2:
+                    headers["x-revgate-timeout-ms"] = "1"
+                else:
+                    body["max_tokens"] = -1
+                try:
+                    sent.append(client.post(f"{public}/v1/completions", json=body, headers=headers).status_code)
+                except httpx.HTTPError:
+                    sent.append(0)
+                stop.wait(1 / rate)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def test_a_hostile_tenant_cannot_fail_a_good_canary(live: Estate, tmp_path: Path) -> None:
+    # The reproduction, at a tenth of the traffic through a whole canary of `improved`: with the gates as
+    # they are, every request it sends is the caller's own doing, on whichever arm it landed.
+    # Users carry no reference answers (no quality gate); errors, callers' outcomes and refusals decide.
+    policy = GatePolicy.build(slice_keys=["family"], two_sample_quality=False, error_margin="0.1",
+                              min_samples_per_slice=10, max_samples_per_stage=240, look_every=40, latency_metrics=[])
+    plan = RolloutPlan(steps=(SetWeight(weight_ppm=500_000), Analyze(max_samples=400)), lease_seconds=600,
+                       rollback_window_seconds=5)
+    sent: list[int] = []
+    ended = roll_out(live, tmp_path, "live-hostile", "improved", plan=plan, policy=policy, rate=3.0,
+                     beside=lambda public, routes: hostile_tenant(public, routes, "live-hostile", 0.3, sent))
+    outcomes = [(g["gate"], g["outcome"], g["reason"]) for g in ended.report.get("gates", [])]
+    assert ended.code == 0 and "decision: promoted" in ended.output, (outcomes, ended.output[-1500:])
+    assert len(sent) >= 5 and set(sent) <= {400, 504}, sent  # each was refused or ran out its own deadline
+    counts = evidence_counts(ended.report)
+    assert counts["stable_probes"] == counts["candidate_probes"] == 0, counts  # its "probe" class was ignored
+    errors, callers = gate(ended.report, "errors"), gate(ended.report, "caller-outcomes")
+    assert errors["outcome"] == "pass" and callers["outcome"] == "pass", (errors, callers)
+    print("hostile tenant:", sent, errors["numbers"], callers["numbers"])

@@ -175,7 +175,7 @@ def test_a_router_and_a_worker_agent_serve_from_their_light_environments(
     ready = client.wait_for(started["replica_id"], {"ready"}, START_TIMEOUT_S)
     assert ready["state"] == "ready", ready
     first = RouteSnapshot.build(
-        route="edge", generation=1, created_by="tests", created_at=datetime.now(UTC).isoformat(),
+        route="edge", generation=1, created_by="tests", created_at=datetime.now(UTC).isoformat(), reveal_revision=True,
         stable={"fingerprint": request.revision.fingerprint, "endpoints": [ready["endpoint"]],
                 "served_model": ready["served_model"]},
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -39,6 +40,9 @@ from tests.integration.router_harness import (
 pytestmark = pytest.mark.servers
 
 ROUTE = "chat"
+# The routes here trust a gateway's credential: the labels these tests declare are taken as evidence.
+GATEWAY = "a-gateway-credential-for-these-tests"
+TRUSTED = ("sha256:" + hashlib.sha256(GATEWAY.encode()).hexdigest(),)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,7 @@ def sink_flags(url: str, router_id: str, *more: str) -> tuple[str, ...]:
 def complete(router: RouterProcess, name: str, **headers: str) -> httpx.Response:
     body = {"model": ROUTE, "prompt": "hi", "max_tokens": 2, "metadata": {"revgate_class": "interactive"}}
     response = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10,
-                          headers={"x-request-id": name, **headers})
+                          headers={"x-request-id": name, "x-revgate-credential": GATEWAY, **headers})
     assert response.status_code == 200
     return response
 
@@ -97,7 +101,7 @@ def test_two_routers_feed_one_prefix_and_reading_is_incremental(
     farm: UpstreamFarm, s3_endpoint: str, tmp_path: Path
 ) -> None:
     url = bucket_url(s3_endpoint)
-    first = snapshot(ROUTE, 1, [farm["a1"]], shadow=[farm["s1"]], sample_ppm=1_000_000)
+    first = snapshot(ROUTE, 1, [farm["a1"]], shadow=[farm["s1"]], sample_ppm=1_000_000, trusted_sources=TRUSTED)
     with two_routers(tmp_path, first, url) as (one, two):
         for number in range(5):
             complete(one, f"a{number}", **{"x-revgate-task": "sql"})

@@ -324,3 +324,49 @@ def test_copies_queued_for_a_shadow_the_route_dropped_are_never_sent(
     # Four mirror workers at 0.3 s a copy: most of the 40 were still queued when the route changed.
     assert mirrored == 40 and stale >= 20, (mirrored, stale)
     assert len(farm["s1"].seen) <= 40 - stale
+
+
+def test_callers_pick_neither_their_arm_nor_their_evidence(router: RouterProcess, farm: UpstreamFarm) -> None:
+    """The reproduction: a tenant that knows the route and the candidate chose its canary sessions in advance,
+    read its arm from every answer, and declared its own slice, probe class and task. Now the cohort has the
+    rollout's secret, answers name no revision, and labels count only with the route's probe credential."""
+    import hashlib
+    import secrets
+
+    from revgate.serving.router.split import bucket_ppm
+
+    probe = secrets.token_urlsafe(32)
+    candidate_fingerprint = fingerprint("b")
+    make = lambda generation, **kwargs: snapshot(  # noqa: E731 - one route, read at once
+        ROUTE, generation, [farm["a1"]], candidate=[farm["b1"]], weight_ppm=100_000, reveal_revision=False,
+        cohort_secret=secrets.token_hex(32), probe_credential="sha256:" + hashlib.sha256(probe.encode()).hexdigest())
+    router.commit(make)
+    # The sessions a caller would have computed to land on a 10 % canary: route and fingerprint were the salt.
+    chosen = [f"tenant-{index}" for index in range(800)
+              if bucket_ppm(f"{ROUTE}|{candidate_fingerprint}".encode(), f"tenant-{index}".encode()) < 100_000]
+    before = len(farm["b1"].seen)
+    answers = [complete(router, **{"x-session-id": key}) for key in chosen]
+    assert all(answer.status_code == 200 for answer in answers)
+    landed = len(farm["b1"].seen) - before
+    assert landed < 0.25 * len(chosen), (landed, len(chosen))  # about 10 %: chosen sessions are like any others
+    hidden = ("x-revgate-revision", "x-revgate-arm", "x-revgate-generation")
+    assert not any(name in answer.headers for answer in answers for name in hidden)
+    assert all(answer.headers["x-request-id"] != "" for answer in answers)
+
+    steer = {"x-revgate-slices": "family=sort;length=long", "x-revgate-class": "probe", "x-revgate-task": "sql"}
+    body = {"model": ROUTE, "prompt": "hi", "max_tokens": 2, "metadata": {"revgate_class": "probe", "app": "mail"}}
+    seen_before = {name: len(farm[name].seen) for name in ("a1", "b1")}
+    hostile = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10,
+                         headers={"x-request-id": "step01-b0-t1", "x-revgate-credential": "a-guess", **steer})
+    trusted = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10,
+                         headers={"x-request-id": "probe-1", "x-revgate-credential": probe, **steer})
+    assert hostile.status_code == trusted.status_code == 200
+    assert "x-revgate-arm" not in hostile.headers and trusted.headers["x-revgate-arm"] in ("stable", "candidate")
+    hostile_record, = records(router, "step01-b0-t1", 1)
+    trusted_record, = records(router, "probe-1", 1)
+    assert hostile_record.slices == {}, hostile_record  # the caller's claim, not evidence
+    assert trusted_record.slices == {"family": "sort", "length": "long", "class": "probe", "task": "sql"}
+    assert hostile_record.request_id == hostile.headers["x-request-id"]  # the router's id, which the prober learns
+    asked = [seen for name in ("a1", "b1") for seen in farm[name].seen[seen_before[name]:]]
+    assert len(asked) == 2 and all(item["body"]["metadata"] == {"app": "mail"} for item in asked)
+    assert not any(key.startswith("x-revgate") for item in asked for key in item["headers"])

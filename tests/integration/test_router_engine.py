@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def engine_router(vllm_stable: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     first = RouteSnapshot.build(
-        route="chat", generation=1, created_by="tests", created_at="2026-11-29T10:00:00Z",
+        route="chat", generation=1, created_by="tests", created_at="2026-11-29T10:00:00Z", reveal_revision=True,
         # Callers ask for the route; the replica serves the model as "stable": the router rewrites it.
         stable={"fingerprint": fingerprint("stable"), "endpoints": [vllm_stable.url], "served_model": "stable"},
     )
@@ -81,7 +81,7 @@ def test_a_tenant_on_the_canary_with_bad_requests_and_1_ms_deadlines_fails_no_ga
     # The candidate is the same engine under another fingerprint and address: a revision equal to stable.
     same_engine = vllm_stable.url.replace("127.0.0.1", "localhost")
     first = RouteSnapshot.build(
-        route="chat", generation=1, created_by="tests", created_at="2026-11-29T10:00:00Z",
+        route="chat", generation=1, created_by="tests", created_at="2026-11-29T10:00:00Z", reveal_revision=True,
         stable={"fingerprint": fingerprint("stable"), "endpoints": [vllm_stable.url], "served_model": "stable"},
         candidate={"fingerprint": fingerprint("copy"), "endpoints": [same_engine], "served_model": "stable",
                    "weight_ppm": 500_000, "lease_expires_at": "2099-01-01T00:00:00Z"},

@@ -100,7 +100,7 @@ def test_the_pairs_tail_reads_only_new_complete_lines_of_its_stage(tmp_path: Pat
     assert [p.caller_request_id for p in settled_pairs(tail, expected=2)] == ["step01-b0-a", "step01-b0-b"]
 
 
-def test_observed_demand_leaves_out_the_rollouts_own_probes(tmp_path: Path) -> None:
+def test_observed_demand_leaves_out_the_rollouts_own_probes_and_only_them(tmp_path: Path) -> None:
     import json
 
     from revgate.flows.evidence import live_arrivals
@@ -108,9 +108,11 @@ def test_observed_demand_leaves_out_the_rollouts_own_probes(tmp_path: Path) -> N
     records = tmp_path / "records.jsonl"
     lines = [
         {"request_id": "r1", "caller_request_id": "", "arrival_s": 100.0, "slices": {}},  # a user
-        {"request_id": "r2", "caller_request_id": "step01-b0-t7", "arrival_s": 101.0, "slices": {}},  # replayed
+        # A caller naming its requests like the flow's probes is still demand: only the label counts, and
+        # the router takes that label only from a request with the rollout's probe credential.
+        {"request_id": "r2", "caller_request_id": "step01-b0-t7", "arrival_s": 101.0, "slices": {}},
         {"request_id": "r3", "arrival_s": 102.0, "slices": {"class": "probe"}},  # a labelled probe
         {"request_id": "r4", "arrival_s": 50.0, "slices": {}},  # before the window
     ]
     records.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"request_id": "cut', encoding="utf-8")
-    assert live_arrivals(records, since_s=60.0) == [100.0]
+    assert live_arrivals(records, since_s=60.0) == [100.0, 101.0]

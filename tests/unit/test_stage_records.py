@@ -40,8 +40,9 @@ def pair(rid: str, output: str, e2e: float = 0.3) -> str:
                         shadow_e2e_s=e2e, shadow_output_tokens=3).to_json()
 
 
-def probe_labels(*callers: str) -> dict[str, TraceEntry]:
-    return {c: TraceEntry(request_id=c, offset_s=0.0, body={}, reference="3") for c in callers}
+def probe_labels(*router_ids: str) -> dict[str, TraceEntry]:
+    """The flow's labels, keyed by the router's id for each probe (as the probe's answer named it)."""
+    return {r: TraceEntry(request_id=f"trace-{r}", offset_s=0.0, body={}, reference="3") for r in router_ids}
 
 
 def test_canary_evidence_comes_from_every_router_once_per_request_and_names_users_and_probes(tmp_path: Path) -> None:
@@ -52,7 +53,8 @@ def test_canary_evidence_comes_from_every_router_once_per_request_and_names_user
                                        request("c", "p-2", CANDIDATE, probe=True, attempt=2, output="4")])
     records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=False)
     records.poll()
-    arms = records.canary(STABLE, CANDIDATE, probe_labels("p-1", "p-2"))
+    # "u-1" is the user's own x-request-id: a label under a caller's id never reaches a record.
+    arms = records.canary(STABLE, CANDIDATE, probe_labels("a", "c", "u-1"))
     assert [r.request_id for r in arms.stable] == ["a"] and sorted(r.request_id for r in arms.candidate) == ["b", "c"]
     assert arms.counts() == {"stable_users": 0, "stable_probes": 1, "candidate_users": 1, "candidate_probes": 1}
     assert arms.per_router == {"r1": 2, "r2": 2} and not arms.lost
@@ -69,7 +71,7 @@ def test_shadow_pairs_join_the_callers_records_and_feed_the_paired_gates(tmp_pat
     put(tmp_path, "paired", "r1", 0, [pair(f"r{i}", "3", e2e=1.0) for i in range(80)])  # same answers, 3.3x slower
     records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=True)
     records.poll()
-    arms = records.shadow(probe_labels(*(f"p-{i}" for i in range(1, 80, 2))))
+    arms = records.shadow(probe_labels(*(f"r{i}" for i in range(1, 80, 2))))
     assert len(arms.stable) == len(arms.candidate) == 80
     assert {r.arm for r in arms.candidate} == {"candidate"} and arms.candidate[1].reference == "3"
     policy = GatePolicy.build(slice_keys=["family"], latency_metrics=["e2e"], min_samples_per_slice=20,
@@ -92,7 +94,7 @@ def test_lost_evidence_is_reported_and_never_a_pass(tmp_path: Path) -> None:
     put(tmp_path, "requests", "r1", 2, [request(f"c{i}", f"u-c{i}", CANDIDATE) for i in range(40)], dropped=3)
     records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=False)
     records.poll()
-    arms = records.canary(STABLE, CANDIDATE, probe_labels(*(f"u-{arm}{i}" for arm in "sc" for i in range(40))))
+    arms = records.canary(STABLE, CANDIDATE, probe_labels(*(f"{arm}{i}" for arm in "sc" for i in range(40))))
     assert any("gap" in lost for lost in arms.lost) and any("dropped" in lost for lost in arms.lost)
     policy = GatePolicy.build(latency_metrics=[], quality_margin="0.1", error_margin="0.1",
                               min_samples_per_slice=20, max_samples_per_stage=40, look_every=20)
