@@ -55,6 +55,8 @@ class RouteSite(BaseModel):
     router_sync_s: float = Field(default=30.0, gt=0)
     router_admin_token_file: str
     records_sink: str = ""
+    record_signers: dict[str, str] = Field(default_factory=dict, description="router id: its record-signing "
+                                           "public key (PEM text or file); only these routers' signed objects count")
     paired_records: str = ""
     router_records: str = ""
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
