@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,6 +22,22 @@ NO_AUTO_APPROVAL = ("approval 'auto' is refused for a rollout plan that names ap
 def auto_refused(approval: str, plan: RolloutPlan) -> bool:
     """Whether ``approval`` would answer for people the plan names (its approvers, or signed approvals)."""
     return approval == "auto" and bool(plan.approvers or plan.signed_approval)
+
+
+def signers_problem(signers: Mapping[str, str], records_sink: str) -> str:
+    """What is wrong with a route's record signers ("" when nothing): ids routers can have, keys given as PEM text
+    that load (a key file is read where the flow runs), and a record sink for them to sign into."""
+    for router, key in signers.items():
+        if not ROUTER_ID.match(router):
+            return f"record_signers names {router!r}, which is no router id (letters, digits, '.', '_' or '-')"
+        if key.lstrip().startswith(PEM_START):
+            try:
+                load_public_key(key, f"record_signers.{router}")
+            except RecordKeyInvalid as error:
+                return str(error)
+    if signers and not records_sink:
+        return "record_signers needs records_sink: they say whose objects in it count"
+    return ""
 
 
 class PromotionSpec(BaseModel):
@@ -109,17 +126,8 @@ class PromotionSpec(BaseModel):
 
     @model_validator(mode="after")
     def _signers_are_routers(self) -> PromotionSpec:
-        for router, key in self.record_signers.items():
-            if not ROUTER_ID.match(router):
-                raise ValueError(f"record_signers names {router!r}, which is no router id (letters, digits, "
-                                 "'.', '_' or '-')")
-            if key.lstrip().startswith(PEM_START):  # a file is read where the flow runs; PEM text now
-                try:
-                    load_public_key(key, f"record_signers.{router}")
-                except RecordKeyInvalid as error:
-                    raise ValueError(str(error)) from None
-        if self.record_signers and not self.records_sink:
-            raise ValueError("record_signers needs records_sink: they say whose objects in it count")
+        if problem := signers_problem(self.record_signers, self.records_sink):
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
