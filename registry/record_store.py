@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from revgate.manifests.errors import RevgateError
 from revgate.registry.durable import replace_file
-from revgate.registry.record_signing import Ed25519PublicKey, split_signature, verify_object
+from revgate.registry.record_signing import split_signature, verify_object
 from revgate.registry.route_store import check_route
 
 KINDS = ("requests", "paired")
