@@ -288,3 +288,17 @@ def test_router_keys_are_made_private_and_a_readable_or_foreign_key_is_refused(t
         signer_keys({"host-b": str(tmp_path / "absent.pub")})
     with pytest.raises(RecordKeyInvalid, match="not a PEM public key"):
         load_public_key("-----BEGIN PUBLIC KEY-----\nnonsense\n-----END PUBLIC KEY-----\n", "x")
+
+
+def test_the_router_command_refuses_a_key_without_a_sink_and_a_key_others_can_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from revgate.cli.main import main
+
+    new_key_pair(tmp_path / "router.key")
+    base = ["router", "--routes", str(tmp_path / "routes"), "--records-key", str(tmp_path / "router.key")]
+    assert main(base) == 2
+    assert "no --records-sink is given" in capsys.readouterr().err
+    (tmp_path / "router.key").chmod(0o640)
+    assert main([*base, "--records-sink", str(tmp_path / "records")]) == 2
+    assert "readable by other users" in capsys.readouterr().err

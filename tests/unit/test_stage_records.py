@@ -11,7 +11,7 @@ from revgate.evaluation.gates import gates_from_policy, judge
 from revgate.evaluation.graders import exact_match
 from revgate.evaluation.records import RequestRecord
 from revgate.evaluation.traces import TraceEntry
-from revgate.flows.evidence import StageRecords
+from revgate.flows.evidence import SinkTail, StageRecords
 from revgate.flows.promote import PairGrading, with_provenance
 from revgate.manifests.gates import GatePolicy
 from revgate.registry.record_signing import RecordSigner, new_key_pair
@@ -172,3 +172,14 @@ def test_a_duplicate_record_is_refused_with_both_keys_and_the_first_kept(tmp_pat
     assert any(again in item for item in duplicates) and any(other in item for item in duplicates)
     assert any(item.startswith("duplicate pair a") for item in records.refused)
     assert not records.lost  # nothing is missing: the first is kept
+
+
+def test_the_rollback_windows_tail_reads_only_the_named_routers_signed_records(tmp_path: Path) -> None:
+    key = new_key_pair(tmp_path / "r1.key")
+    store = tmp_path / "store"
+    signed_put(store, key, "r1", 0, [request("a", "u-a", STABLE)])
+    put(store, "requests", "r1", 1, [request("b", "u-b", STABLE)])  # unsigned, under the named router
+    put(store, "requests", "r9", 0, [request("c", "u-c", STABLE)])  # a router the route does not name
+    tail = SinkTail(str(store), "demo", 0.0, {"r1": key.public_pem().decode()})
+    assert [record.request_id for record in tail.poll()] == ["a"] and tail.poll() == []
+    assert sorted(record.request_id for record in SinkTail(str(store), "demo", 0.0).poll()) == ["a", "b", "c"]
