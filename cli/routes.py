@@ -1,4 +1,4 @@
-"""revgate command-line: ``route show|history|set`` and ``router``."""
+"""revgate command-line: ``route show|history|set``, ``router`` and ``router-key``."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ import signal
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.route import RouteNotFound, RouteSnapshot, RouteStore
 
+if TYPE_CHECKING:
+    from revgate.registry.record_signing import RecordSigner
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``route`` and ``router``."""
+    """Add ``route``, ``router`` and ``router-key``."""
     route = subparsers.add_parser("route", help="show, list or change a route's snapshots")
     actions = route.add_subparsers(dest="route_command", required=True)
     show = actions.add_parser("show", help="print the current snapshot")
@@ -34,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     router = subparsers.add_parser("router", help="run the OpenAI-compatible router for one route")
     _router_args(router)
     router.set_defaults(func=_router)
+    key = subparsers.add_parser(
+        "router-key", help="make a router's record-signing key pair",
+        description="Writes a new Ed25519 private key (PEM, mode 0600, never over an existing file) for "
+                    "`revgate router --records-key`, and prints its public key (also written to NEW_KEY_FILE.pub) "
+                    "for the route's record_signers in the site configuration.")
+    key.add_argument("key_file", metavar="NEW_KEY_FILE", type=Path, help="where the private key goes")
+    key.set_defaults(func=_router_key)
 
 
 def _store_args(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +82,9 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--records-sink", help="record store for request and paired records, one object per router "
                         "per interval: FOLDER, file:///DIR or s3://BUCKET/PREFIX[?endpoint_url=...]")
     parser.add_argument("--router-id", help="names this router's record objects (default: HOST-PORT)")
+    parser.add_argument("--records-key", type=Path,
+                        help="this router's Ed25519 private key (PEM, from `revgate router-key`): signs every "
+                        "record object, so the flow takes only this router's objects as its records")
     parser.add_argument("--sink-interval", type=float, default=1.0, help="seconds between record objects")
     parser.add_argument("--sink-capacity", type=int, default=100_000,
                         help="records held per kind while the record store or file cannot be written; "
@@ -190,8 +203,10 @@ def _router(args: argparse.Namespace) -> int:
     given = {name: getattr(args, flag) for name, flag in _LIMIT_FLAGS.items() if getattr(args, flag) is not None}
     shadow_bytes = {"shadow_queue_bytes": args.shadow_queue_bytes} if args.shadow_queue_bytes is not None else {}
     router_id = args.router_id or f"{socket.gethostname()}-{args.port}"
+    signer = _records_signer(args)
     config = RouterConfig(route=args.route, records=args.records, paired_records=args.paired_records,
                           records_sink=args.records_sink, router_id=router_id, sink_interval_s=args.sink_interval,
+                          records_signer=signer,
                           sink_capacity=args.sink_capacity,
                           admin_token=token, poll_interval_s=args.poll_interval, record_outputs=args.record_outputs,
                           limits=Limits(**given), record_keep_bytes=args.record_keep_bytes, **shadow_bytes)
@@ -201,6 +216,34 @@ def _router(args: argparse.Namespace) -> int:
     coroutine = run_router(_open(args), config, host=args.host, port=args.port, admin_host=args.admin_host,
                            admin_port=admin_port)
     _run_until_signal(coroutine)
+    return 0
+
+
+def _records_signer(args: argparse.Namespace) -> RecordSigner | None:
+    """The router's record-signing key, loaded before listening (a bad key stops the start)."""
+    if args.records_key is None:
+        return None
+    if not args.records_sink:
+        raise RevgateError("--records-key signs record objects, and no --records-sink is given", where="--records-key",
+                           fix="Give --records-sink too, or leave out --records-key.")
+    from revgate.registry.record_signing import load_signer
+
+    return load_signer(args.records_key)
+
+
+def _router_key(args: argparse.Namespace) -> int:
+    from revgate.registry.record_signing import RecordKeyInvalid, new_key_pair
+
+    public_file = args.key_file.with_name(args.key_file.name + ".pub")
+    if public_file.exists():
+        raise RecordKeyInvalid("a file is already there", where=str(public_file),
+                               fix="Name a new key file: an existing key is never overwritten.")
+    public = new_key_pair(args.key_file).public_pem()
+    public_file.write_bytes(public)
+    print(f"private key: {args.key_file} (give it to `revgate router --records-key`; keep it on the router)")
+    print(f"public key: {public_file}; name it in the site configuration's routes.ROUTE.record_signers under "
+          "this router's --router-id:")
+    print(public.decode().rstrip("\n"))
     return 0
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -38,6 +38,7 @@ from revgate.manifests.route import RevisionTarget, RouteSnapshot
 from revgate.manifests.route_change import successor
 from revgate.manifests.worker import WarmProfile
 from revgate.registry.build import build_manifest
+from revgate.registry.record_signing import new_key_pair
 from revgate.registry.route_store import open_route_store
 from revgate.registry.runtime import engine_runtime
 from revgate.registry.signing import sign_with_key
@@ -47,6 +48,7 @@ from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 
 ROUTE = "demo"
+DEMO_ROUTER = "demo-router"  # the router's id in the record sink; the route's one record signer
 EXECUTION = ExecutionConfig(dtype="float32", max_model_len=64, kv_cache_bytes=64 * 2**20, enforce_eager=True)
 
 # Candidates that behave exactly like stable (A/A checks): only the revision's identity differs, so
@@ -74,6 +76,15 @@ def signing_key(folder: Path) -> tuple[Path, Path]:
         public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public
+
+
+def router_key(folder: Path, router_id: str) -> tuple[Path, dict[str, str]]:
+    """The demo router's record-signing key (made once), and the route's record signers naming its public half."""
+    private, public = folder / "router.key", folder / "router.pub"
+    if not private.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        public.write_bytes(new_key_pair(private).public_pem())
+    return private, {router_id: str(public)}
 
 
 def publish(model_dir: Path, store: str, key: Path, folder: Path) -> str:
@@ -265,6 +276,7 @@ class DemoSession:
     stable_view: dict[str, Any] | None = None
     public_url: str = ""
     admin_url: str = ""
+    record_signers: dict[str, str] = field(default_factory=dict)  # the router whose signed records count
 
     @property
     def routes(self) -> str:
@@ -303,6 +315,7 @@ class DemoSession:
             execution=candidate_execution(candidate), warm=WARM, gate_policy=demo_policy(), plan=demo_plan(),
             worker_url=self.worker_url, worker_token_file=token, router_url=self.public_url,
             router_admin_url=self.admin_url, router_admin_token_file=token, records_sink=str(root / "records"),
+            record_signers=self.record_signers,
             router_records=str(root / "router" / "records.jsonl"), trace=str(root / "trace.jsonl"), batch_size=200,
             tracking_uri=f"sqlite:///{(root / 'mlflow.db').resolve()}", evidence_root=str(root / "evidence"),
             approval=approval,
@@ -394,8 +407,10 @@ def demo_session(root: Path, zoo_dir: Path, candidates: tuple[str, ...] = ("impr
                               worker_url, stable)
         session.start_stable()
         route_stable(session.routes, session.stable_target(), session.gateway)
+        records_key, session.record_signers = router_key(root / "keys", DEMO_ROUTER)
         session.public_url, session.admin_url = services.enter_context(
-            processes.router(session.routes, ROUTE, root / "router", token, sink=str(root / "records")))
+            processes.router(session.routes, ROUTE, root / "router", token, sink=str(root / "records"),
+                             router_id=DEMO_ROUTER, records_key=records_key))
         print(f"router at {session.public_url}, records in {root / 'records'}")
         services.enter_context(user_traffic(session.public_url, root / "users", seconds=users_s,
                                             gateway=session.gateway))

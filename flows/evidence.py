@@ -16,7 +16,8 @@ from pathlib import Path
 from revgate.evaluation.records import RequestRecord
 from revgate.evaluation.replay import replay
 from revgate.evaluation.traces import TraceEntry
-from revgate.registry.record_store import RecordReader, RecordStoreUnavailable, StageWindow, open_record_store
+from revgate.registry.record_signing import signer_keys
+from revgate.registry.record_store import REFUSED, RecordReader, RecordStoreUnavailable, StageWindow, open_record_store
 from revgate.shadow.records import PairedRecord
 
 PROBE_LABEL, PROBE = "class", "probe"  # the declared request class of the flow's probe traffic
@@ -203,8 +204,11 @@ class SinkTail:
     goes on from where the last whole read stopped.
     """
 
-    def __init__(self, sink: str, route: str, since_s: float) -> None:
-        self.reader = RecordReader(open_record_store(sink), route, "requests", lambda data: RequestRecord(**data))
+    def __init__(self, sink: str, route: str, since_s: float, signers: Mapping[str, str] | None = None) -> None:
+        # With signers, only the named routers' signed objects are read (registry/record_store.py).
+        keys = signer_keys(signers) if signers else None
+        self.reader = RecordReader(open_record_store(sink), route, "requests", lambda data: RequestRecord(**data),
+                                   keys=keys)
         self.window = StageWindow(since_s=since_s)
         self.unavailable = ""
 
@@ -287,15 +291,20 @@ class StageRecords:
     that cannot be read, are lost evidence: the stage cannot pass on them.
     """
 
-    def __init__(self, sink: str, route: str, window: StageWindow, *, paired: bool) -> None:
+    def __init__(self, sink: str, route: str, window: StageWindow, *, paired: bool,
+                 signers: Mapping[str, str] | None = None) -> None:
         store = open_record_store(sink)
+        keys = signer_keys(signers) if signers else None  # the route's routers: only their signed objects count
         self.window = window
-        self.requests = RecordReader(store, route, "requests", lambda data: RequestRecord(**data))
-        self.pair_reader = RecordReader(store, route, "paired", lambda data: PairedRecord(**data)) if paired else None
+        self.requests = RecordReader(store, route, "requests", lambda data: RequestRecord(**data), keys=keys)
+        self.pair_reader = (RecordReader(store, route, "paired", lambda data: PairedRecord(**data), keys=keys)
+                            if paired else None)
         self.by_id: dict[str, RequestRecord] = {}
         self.pairs: dict[str, PairedRecord] = {}
+        self.origin: dict[tuple[str, str], tuple[str, str]] = {}  # (kind, request id): the router and object kept
         self.per_router: dict[str, int] = {}
         self.lost: list[str] = []
+        self.refused: list[str] = []  # objects and records not taken as evidence: reported, not lost
         self.unavailable = ""
 
     def poll(self) -> int:
@@ -307,18 +316,30 @@ class StageRecords:
             self.unavailable = error.what
             return len(self.by_id) + len(self.pairs)
         self.unavailable = ""
-        for record in read.records:
+        for record, (router, where) in zip(read.records, read.origins, strict=True):
             if record.arm == "shadow":
                 continue  # the shadow's answers come as pairs, joined to the caller's request
             known = self.by_id.get(record.request_id)
-            if known is None or record.attempt >= known.attempt:
+            kept = self.origin.get(("requests", record.request_id))
+            if known is None or (kept is not None and kept[0] == router and record.attempt > known.attempt):
+                # New, or the same router's later attempt at it (its own retry) superseding the earlier one.
                 self.by_id[record.request_id] = record
+                self.origin["requests", record.request_id] = (router, where)
+            elif kept is not None and (kept[0] != router or record.attempt == known.attempt):
+                self.refused.append(f"duplicate record {record.request_id} attempt {record.attempt} in {where} "
+                                    f"(router {router}); the first, attempt {known.attempt} in {kept[1]}, is kept")
         for router, count in read.per_router.items():
             self.per_router[router] = self.per_router.get(router, 0) + count
         problems = [*read.problems, *(paired.problems if paired is not None else [])]
-        self.lost += [f"{p.router}: {p.kind} {p.detail}" for p in problems if p.kind != "unreadable"]
-        if paired is not None:
-            self.pairs.update((pair.request_id, pair) for pair in paired.records)
+        self.refused += [f"{p.kind} {p.where} (router {p.router}): {p.detail}" for p in problems if p.kind in REFUSED]
+        self.lost += [f"{p.router}: {p.kind} {p.detail}" for p in problems if p.kind not in ("unreadable", *REFUSED)]
+        for pair, (router, where) in zip(paired.records, paired.origins, strict=True) if paired is not None else ():
+            first = self.origin.setdefault(("paired", pair.request_id), (router, where))
+            if first == (router, where) and pair.request_id not in self.pairs:
+                self.pairs[pair.request_id] = pair
+            else:
+                self.refused.append(f"duplicate pair {pair.request_id} in {where} (router {router}); the first, "
+                                    f"in {first[1]}, is kept")
         return len(self.by_id) + len(self.pairs)
 
     def settle(self, probes: Iterable[str], *, quiet_s: float = 2.5, limit_s: float = 30.0) -> None:

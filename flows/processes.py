@@ -126,15 +126,18 @@ def worker_agent(cache: Path, token: Path) -> Iterator[str]:
 
 
 @contextmanager
-def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = "") -> Iterator[tuple[str, str]]:
-    """A ``revgate router`` for ``route``, writing to the record sink ``sink`` if given; its public and admin URLs."""
+def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = "", router_id: str = "",
+           records_key: Path | None = None) -> Iterator[tuple[str, str]]:
+    """A ``revgate router`` for ``route``, writing to the record sink ``sink`` if given (as ``router_id``, its
+    objects signed with ``records_key`` if given); its public and admin URLs."""
     port, admin = free_port(), free_port()
     argv = [sys.executable, "-m", "revgate.cli.main",
             "router", "--routes", routes, "--route", route, "--port", str(port),
             "--admin-port", str(admin), "--admin-token-file", str(token), "--records", str(folder / "records.jsonl"),
             "--paired-records", str(folder / "paired.jsonl"), "--record-outputs", "--poll-interval", "0.5"]
     if sink:
-        argv += ["--records-sink", sink, "--router-id", f"{route}-{port}"]
+        argv += ["--records-sink", sink, "--router-id", router_id or f"{route}-{port}"]
+        argv += ["--records-key", str(records_key)] if records_key is not None else []
     with service(argv, f"http://127.0.0.1:{port}/health", folder / "router.log"):
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -166,7 +166,7 @@ def analyze_live(
     gate = gates_from_policy(spec.gate_policy, share, paired_evidence=shadow)
     window = StageWindow(first_generation=generation, since_s=time.time())
     started = time.monotonic()
-    records = evidence.StageRecords(spec.records_sink, spec.route, window, paired=shadow)
+    records = evidence.StageRecords(spec.records_sink, spec.route, window, paired=shadow, signers=spec.record_signers)
     grading = PairGrading(spec) if shadow and spec.gate_policy.paired is not None else None
     labels: dict[str, TraceEntry] = {}
     batches = max(1, -(-step.max_samples // spec.batch_size))
@@ -185,7 +185,7 @@ def analyze_live(
         final = batch == batches - 1
         proof = build_evidence(arms.stable, arms.candidate, exact_match, expected_candidate_share=share, final=final,
                                pair_scores=grading.scores(arms) if grading is not None else None)
-        report = with_provenance(judge(gate, spec.gate_policy, proof), arms)
+        report = with_provenance(judge(gate, spec.gate_policy, proof), arms, records.refused)
         logger.info("%s batch %d/%d: %s; %s", stage, batch + 1, batches, report.outcome, arms.note())
         if stage_settled(report) or final:
             plot_stage(spec, stage, proof)  # the deciding look's figures, for the evidence run
@@ -214,9 +214,15 @@ class PairGrading:
         return self.table
 
 
-def with_provenance(report: GateReport, arms: evidence.StageArms) -> GateReport:
-    """The report with where its evidence came from; lost evidence turns a pass into inconclusive."""
-    notes = (*report.notes, arms.note(), *(f"missing evidence: {problem}" for problem in arms.lost[:5]))
+def with_provenance(report: GateReport, arms: evidence.StageArms, refused: Sequence[str] = ()) -> GateReport:
+    """The report with where its evidence came from; lost evidence turns a pass into inconclusive.
+
+    Objects and records refused as evidence (forged, from a router the route does not name, duplicates)
+    are named in the notes but change no outcome: whoever can write to the store cannot hold a rollout.
+    """
+    notes = (*report.notes, arms.note(), *(f"missing evidence: {problem}" for problem in arms.lost[:5]),
+             *(f"refused as evidence: {item}" for item in refused[:5]),
+             *((f"refused as evidence: {len(refused) - 5} more",) if len(refused) > 5 else ()))
     if arms.lost and report.outcome == "pass":
         return report.model_copy(update={"outcome": "inconclusive", "notes": notes})
     return report.model_copy(update={"notes": notes})
@@ -497,7 +503,7 @@ class Promotion:
         """Where the window reads the routers' records from the rollout's start on: every router's, from the
         record sink when there is one; else the one router's local file; None without either."""
         if self.spec.records_sink:
-            return evidence.SinkTail(self.spec.records_sink, self.spec.route, self.started_s)
+            return evidence.SinkTail(self.spec.records_sink, self.spec.route, self.started_s, self.spec.record_signers)
         if self.spec.router_records:
             return evidence.RecordsTail(Path(self.spec.router_records), self.records_from)
         get_run_logger().warning("rollback window: no record sink and no router records configured: it watches "

@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec, auto_refused
+from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec, auto_refused, signers_problem
 from revgate.manifests.document import describe_validation_error
 from revgate.manifests.errors import ManifestInvalid, RevgateError
 from revgate.manifests.gates import GatePolicy
@@ -55,6 +55,8 @@ class RouteSite(BaseModel):
     router_sync_s: float = Field(default=30.0, gt=0)
     router_admin_token_file: str
     records_sink: str = ""
+    record_signers: dict[str, str] = Field(default_factory=dict, description="router id: its record-signing "
+                                           "public key (PEM text or file); only these routers' signed objects count")
     paired_records: str = ""
     router_records: str = ""
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
@@ -81,6 +83,12 @@ class RouteSite(BaseModel):
     plan: str = Field(description="the rollout plan a rollout of this route uses when none is named")
     candidates: dict[str, str] = Field(default_factory=dict,
                                        description="candidate names a person may give instead of a digest")
+
+    @model_validator(mode="after")
+    def _signers_are_routers(self) -> RouteSite:
+        if problem := signers_problem(self.record_signers, self.records_sink):
+            raise ValueError(problem)
+        return self
 
 
 ROUTE_ONLY = frozenset({"policy", "plan", "candidates"})  # the site's names, not promotion parameters

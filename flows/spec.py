@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -10,6 +11,8 @@ from revgate.manifests.gates import GatePolicy
 from revgate.manifests.revision import ExecutionConfig, InterfacePolicy
 from revgate.manifests.rollout import RolloutPlan, default_plan
 from revgate.manifests.worker import WarmProfile
+from revgate.registry.record_signing import PEM_START, RecordKeyInvalid, load_public_key
+from revgate.registry.record_store import ROUTER_ID
 from revgate.serving.worker.request import SignaturePolicySpec
 
 NO_AUTO_APPROVAL = ("approval 'auto' is refused for a rollout plan that names approvers or asks for signed approvals: "
@@ -19,6 +22,22 @@ NO_AUTO_APPROVAL = ("approval 'auto' is refused for a rollout plan that names ap
 def auto_refused(approval: str, plan: RolloutPlan) -> bool:
     """Whether ``approval`` would answer for people the plan names (its approvers, or signed approvals)."""
     return approval == "auto" and bool(plan.approvers or plan.signed_approval)
+
+
+def signers_problem(signers: Mapping[str, str], records_sink: str) -> str:
+    """What is wrong with a route's record signers ("" when nothing): ids routers can have, keys given as PEM text
+    that load (a key file is read where the flow runs), and a record sink for them to sign into."""
+    for router, key in signers.items():
+        if not ROUTER_ID.match(router):
+            return f"record_signers names {router!r}, which is no router id (letters, digits, '.', '_' or '-')"
+        if key.lstrip().startswith(PEM_START):
+            try:
+                load_public_key(key, f"record_signers.{router}")
+            except RecordKeyInvalid as error:
+                return str(error)
+    if signers and not records_sink:
+        return "record_signers needs records_sink: they say whose objects in it count"
+    return ""
 
 
 class PromotionSpec(BaseModel):
@@ -54,6 +73,10 @@ class PromotionSpec(BaseModel):
     router_admin_token_file: str
     records_sink: str = Field(default="", description="the routers' record sink (a folder or s3://BUCKET/PREFIX): "
                               "the gates read every router's records of the stage from it")
+    record_signers: dict[str, str] = Field(
+        default_factory=dict, description="the routers whose records count, each router id with its Ed25519 "
+        "public key (PEM text, or a PEM file): only their signed objects are read; empty: every object in the "
+        "record sink is believed (one machine)")
     paired_records: str = Field(default="", description="without a record sink: the router's shadow "
                                 "paired-records file")
     router_records: str = Field(default="", description="the router's request-records file: observed demand, "
@@ -99,6 +122,12 @@ class PromotionSpec(BaseModel):
         # A plan that names approvers or asks for signatures asks for a person: nothing may answer for them.
         if auto_refused(self.approval, self.plan):
             raise ValueError(NO_AUTO_APPROVAL)
+        return self
+
+    @model_validator(mode="after")
+    def _signers_are_routers(self) -> PromotionSpec:
+        if problem := signers_problem(self.record_signers, self.records_sink):
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -10,6 +10,22 @@ name unique and let a reader notice an object that went missing between two it d
 router's count of records it dropped so far (its buffer overflowed while the store was down) lets
 the reader report those too.
 
+Who wrote what. Each router signs every object with its own key over the object's name and bytes
+(:mod:`registry.record_signing` has the format). A reader given the route's routers and their public
+keys (``keys``) reads only those routers' folders, and uses an object only once its signature
+checks; everything else is reported, never read as evidence:
+
+- ``forged``: under a named router, an object without a valid signature, or with a name no router
+  writes. It is reported with its store key and does not move that router's cursor (its name, which
+  anyone may choose, can neither skip the router's later objects nor hide a gap in its sequence).
+- ``unnamed``: a folder of a router the reader was not given a key for; its objects are counted once
+  and not read.
+- ``unverified``: under a named router, an object listed and then gone before it could be checked.
+
+Neither is lost evidence: a router's own sequence numbers reveal an object of its that went missing
+(``gap``), so an extra object from someone else says nothing about what the router wrote. A reader
+given no keys reads every router's folder and trusts what it finds, as a single-machine store can.
+
 The reader here knows JSON lines, the stage window (generations, arrival times) and the names; the
 record types belong to the caller, who passes a ``build`` function (``lambda data: RequestRecord(**data)``).
 """
@@ -19,20 +35,23 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from revgate.manifests.errors import RevgateError
 from revgate.registry.durable import replace_file
+from revgate.registry.record_signing import split_signature, verify_object
 from revgate.registry.route_store import check_route
 
 KINDS = ("requests", "paired")
 Kind = Literal["requests", "paired"]
 _NAME = re.compile(r"^(?P<ms>\d{13})-(?P<boot>[0-9a-z]{1,16})-(?P<seq>\d{8})-(?P<dropped>\d{1,18})\.jsonl$")
-_ROUTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ROUTER_ID = _ROUTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 T = TypeVar("T")
 
 
@@ -300,12 +319,13 @@ class StageWindow:
         return "" if self.since_s is None else f"{int(self.since_s * 1000):013d}"
 
 
-ProblemKind = Literal["missing", "corrupt", "unreadable", "gap", "dropped"]
+ProblemKind = Literal["missing", "corrupt", "unreadable", "gap", "dropped", "forged", "unnamed", "unverified"]
+REFUSED: tuple[ProblemKind, ...] = ("forged", "unnamed", "unverified")  # not the routers' evidence: never lost
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectProblem:
-    """An object the reader could not use in full: evidence that is missing, never a pass."""
+    """An object the reader could not use in full (evidence missing, never a pass), or refused (``REFUSED``)."""
 
     router: str
     where: str
@@ -322,6 +342,7 @@ class RecordsRead(Generic[T]):
     per_router: dict[str, int]
     objects: int
     problems: list[ObjectProblem] = field(default_factory=list)
+    origins: list[tuple[str, str]] = field(default_factory=list)  # per record: its router and object
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -339,64 +360,105 @@ class _Cursor:
     boot: str = ""
     sequence: int = -1
     dropped: int = 0
+    refused: set[str] = field(default_factory=set)  # files refused (forged), listed again but never re-read
 
 
 class RecordReader(Generic[T]):
     """Reads one route's records of one kind incrementally: each ``read`` returns only objects not read before.
 
-    Routers are found by listing (a router that starts later is picked up by the next read), or
-    fixed by ``routers``. An object that cannot be fetched stops that router's cursor before it, so
-    the next read tries it again; a corrupt line or a gap in a router's sequence is reported.
+    Without ``keys``, routers are found by listing (a router that starts later is picked up by the
+    next read), or fixed by ``routers``. With ``keys`` (router id: public key), only those routers
+    are read, each object only once its signature checks; other routers' folders are reported as
+    ``unnamed``. An object that cannot be fetched stops that router's cursor before it, so the next
+    read tries it again; a corrupt line or a gap in a router's sequence is reported.
     """
 
     def __init__(self, store: RecordStore, route: str, kind: str, build: Callable[[dict[str, Any]], T], *,
-                 routers: Iterable[str] | None = None) -> None:
+                 routers: Iterable[str] | None = None, keys: Mapping[str, Ed25519PublicKey] | None = None) -> None:
         self.store, self.route, self.kind, self.build = store, route, _check_kind(kind), build
+        self.keys = None if keys is None else {check_router_id(router): key for router, key in keys.items()}
+        if routers is None and self.keys is not None:
+            routers = self.keys
         self.routers = None if routers is None else [check_router_id(item) for item in routers]
+        if self.keys is not None and self.routers is not None:
+            unkeyed = sorted(set(self.routers) - set(self.keys))
+            if unkeyed:
+                raise RecordStoreInvalid(f"no public key for router(s) {', '.join(unkeyed)}", where="record_signers",
+                                         fix="Name each router the route reads with its public key.")
         self.cursors: dict[str, _Cursor] = {}
         self.totals: dict[str, int] = {}  # records returned so far, per router
+        self.unnamed: set[str] = set()  # folders of routers without a key, reported once each
 
     def read(self, window: StageWindow | None = None) -> RecordsRead[T]:
         """The new records inside ``window``; RecordStoreUnavailable when the store cannot be listed."""
         window = window or StageWindow()
         routers = self.routers if self.routers is not None else self.store.children(kind_prefix(self.route, self.kind))
-        records: list[T] = []
-        per_router: dict[str, int] = {}
-        problems: list[ObjectProblem] = []
+        found: RecordsRead[T] = RecordsRead([], {}, 0)  # filled in place; its object count at the end
+        if self.keys is not None:
+            self._unnamed(window, found.problems)
         objects = 0
         for router in routers:
             if not _ROUTER.match(router):
                 continue  # not a router's folder
-            count, read = self._read_router(router, window, records, problems)
+            count, read = self._read_router(router, window, found)
             objects += read
-            per_router[router] = count
+            found.per_router[router] = count
             self.totals[router] = self.totals.get(router, 0) + count
-        return RecordsRead(records, per_router, objects, problems)
+        return replace(found, objects=objects)
 
-    def _read_router(self, router: str, window: StageWindow, records: list[T],
-                     problems: list[ObjectProblem]) -> tuple[int, int]:
+    def _unnamed(self, window: StageWindow, problems: list[ObjectProblem]) -> None:
+        """Report, once each, the folders of routers the reader has no key for; their objects are not read."""
+        prefix = kind_prefix(self.route, self.kind)
+        for router in self.store.children(prefix):
+            if router in (self.keys or {}) or router in self.unnamed:
+                continue
+            self.unnamed.add(router)
+            count = len(self.store.files(f"{prefix}{router}/", window.first_file()))
+            problems.append(ObjectProblem(router, self.store.where(f"{prefix}{router}/"), "unnamed",
+                                          f"a router not named among the route's record signers: its {count} "
+                                          "object(s) are not read", count))
+
+    def _read_router(self, router: str, window: StageWindow, found: RecordsRead[T]) -> tuple[int, int]:
+        problems = found.problems
         cursor = self.cursors.setdefault(router, _Cursor())
         prefix = router_prefix(self.route, self.kind, router)
         count = objects = 0
         first = window.first_file()
         if first > cursor.file:
             cursor.boot = ""  # objects skipped by the window are no gap
+        key = None if self.keys is None else self.keys.get(router)
         for file in self.store.files(prefix, max(cursor.file, first)):
+            if file in cursor.refused:
+                continue
             name = parse_name(self.route, self.kind, router, file)
             where = self.store.where(prefix + file)
             if name is None:
-                problems.append(ObjectProblem(router, where, "corrupt", "not a record object's name"))
-                cursor.file = file
+                # Anyone may choose a name: one sorting after the router's own must not skip them.
+                kind: ProblemKind = "corrupt" if key is None else "forged"
+                problems.append(ObjectProblem(router, where, kind, "not a record object's name"))
+                cursor.refused.add(file)
                 continue
             try:
                 data = self.store.get(name.key)
             except RecordStoreUnavailable as error:
                 problems.append(ObjectProblem(router, where, "unreadable", f"{error}; read again next time"))
                 break
+            if data is None and key is not None:
+                # Its name is unverified: it moves no cursor, and if it was the router's, a gap shows it.
+                problems.append(ObjectProblem(router, where, "unverified", "listed, then gone before it was read"))
+                cursor.refused.add(file)
+                continue
             if data is None:
                 problems.append(ObjectProblem(router, where, "missing", "listed, then gone before it was read"))
             else:
-                count += self._parse(data, window, records, problems, (router, where))
+                body, refused = split_signature(data)[0], ""
+                if key is not None:
+                    body, refused = verify_object(key, name.key, data)
+                if refused:
+                    problems.append(ObjectProblem(router, where, "forged", f"refused, not read: {refused}"))
+                    cursor.refused.add(file)  # and the cursor stays: a forged name moves nothing
+                    continue
+                count += self._parse(body, window, found, (router, where))
                 objects += 1
             self._advance(cursor, name, router, where, problems)
         return count, objects
@@ -415,9 +477,9 @@ class RecordReader(Generic[T]):
                                           f"the router dropped {dropped} record(s) {since}", dropped))
         cursor.file, cursor.boot, cursor.sequence, cursor.dropped = name.file, name.boot, name.sequence, name.dropped
 
-    def _parse(self, data: bytes, window: StageWindow, records: list[T], problems: list[ObjectProblem],
-               origin: tuple[str, str]) -> int:
+    def _parse(self, data: bytes, window: StageWindow, found: RecordsRead[T], origin: tuple[str, str]) -> int:
         router, where = origin
+        records, problems = found.records, found.problems
         count = 0
         for number, line in enumerate(data.splitlines(), 1):
             if not line.strip():
@@ -429,6 +491,7 @@ class RecordReader(Generic[T]):
                 if not window.holds(item):
                     continue
                 records.append(self.build(item))
+                found.origins.append(origin)
             except (ValueError, TypeError) as error:
                 problems.append(ObjectProblem(router, where, "corrupt", f"line {number}: {error}"))
                 continue

@@ -23,6 +23,7 @@ from typing import Any
 from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
 from revgate.manifests.errors import ManifestInvalid, RevgateError
 from revgate.manifests.route import RouteSnapshot, RouteStore
+from revgate.registry.record_signing import RecordSigner
 from revgate.registry.record_store import check_router_id, open_record_store
 from revgate.serving.admin_token import authorized
 from revgate.serving.router.ejection import Ejections
@@ -66,6 +67,7 @@ class RouterConfig:
     paired_records: Path | None = None
     records_sink: str | None = None  # a folder or s3://BUCKET/PREFIX: one object per router per interval
     router_id: str = "router"  # names this router's objects in the record store
+    records_signer: RecordSigner | None = None  # signs each object (registry/record_signing.py); None: unsigned
     sink_interval_s: float = 1.0
     sink_capacity: int = 100_000  # records held per kind while the store cannot be written; then the oldest go
     admin_token: str | None = None
@@ -245,7 +247,7 @@ class Router:
             return file
         sink = self.sinks[kind] = ObjectSink(open_record_store(config.records_sink), config.route, kind,
                                              config.router_id, interval_s=config.sink_interval_s,
-                                             capacity=config.sink_capacity)
+                                             capacity=config.sink_capacity, signer=config.records_signer)
         return sink if file.path is None else Tee(file, sink)
 
     # --- snapshots -------------------------------------------------------------------------

@@ -6,6 +6,11 @@ router of a route shares). A store that cannot be written never slows or stops s
 that failed is kept under its name and retried (so a write that did land is not duplicated), new
 records wait in a buffer bounded in records, and when that is full the oldest record is dropped
 and counted. Failures, drops and what is held show in ``/metrics``, ``/admin/health`` and the log.
+
+With a signer (``revgate router --records-key``, made by ``revgate router-key``) every object ends
+in a signature line over its full name and its bytes (the format is in :mod:`registry.record_signing`),
+so a reader holding the router's public key can tell this router's objects from anyone else's. The
+object is signed once, when its batch is made, and retried as it is.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
+from revgate.registry.record_signing import RecordSigner
 from revgate.registry.record_store import ObjectName, RecordStore, RecordStoreUnavailable
 from revgate.serving.router.records import line_bytes
 
@@ -66,8 +72,9 @@ class ObjectSink:
     """Batches records into one object per interval: ``<route>/<kind>/<router>/<ms>-<boot>-<seq>-<dropped>.jsonl``."""
 
     def __init__(self, store: RecordStore, route: str, kind: str, router: str, *, interval_s: float = 1.0,
-                 capacity: int = 100_000) -> None:
+                 capacity: int = 100_000, signer: RecordSigner | None = None) -> None:
         self.store, self.route, self.kind, self.router = store, route, kind, router
+        self.signer = signer
         self.interval_s, self.capacity = interval_s, capacity
         self.boot = secrets.token_hex(4)  # this process's objects, told apart from a restarted router's
         self.buffer: deque[Any] = deque()
@@ -141,7 +148,8 @@ class ObjectSink:
         name = ObjectName(self.route, self.kind, self.router, int(time.time() * 1000), self.boot, self.sequence,
                           self.dropped)
         self.sequence += 1
-        return name, b"".join(lines), len(lines)
+        body = b"".join(lines)
+        return name, body if self.signer is None else self.signer.sign(name.key, body), len(lines)
 
     def _failed(self, error: str) -> None:
         self.failures += 1
@@ -178,6 +186,7 @@ class ObjectSink:
         """The sink's state for ``/admin/health``."""
         return {
             "ok": self.ok, "where": self.store.where(f"{self.route}/{self.kind}/{self.router}/"),
+            "signed": self.signer is not None,
             "written_records": self.written_records, "written_objects": self.written_objects,
             "failures": self.failures, "dropped": self.dropped, "held": self.held, "capacity": self.capacity,
             "last_error": self.last_error, "last_success_s": self.last_success_s,

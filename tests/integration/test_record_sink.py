@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,19 @@ from revgate.evaluation.evidence import build_evidence
 from revgate.evaluation.gates import gates_from_policy, judge
 from revgate.evaluation.graders import exact_match
 from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.traces import TraceEntry
 from revgate.flows.evidence import StageRecords
 from revgate.flows.promote import with_provenance
 from revgate.manifests.gates import GatePolicy
-from revgate.registry.record_store import RecordReader, StageWindow, open_record_store
+from revgate.registry.record_signing import FIELD
+from revgate.registry.record_store import (
+    ObjectName,
+    RecordReader,
+    RecordStore,
+    StageWindow,
+    open_record_store,
+    parse_name,
+)
 from revgate.serving.worker.engine import free_port
 from revgate.shadow.records import PairedRecord
 from tests.conftest import wait_for_port
@@ -272,3 +284,70 @@ def test_a_records_file_that_cannot_be_written_keeps_the_router_serving_bounded_
         assert metric(router, "revgate_router_requests_file_held") <= 5
     log = (tmp_path / "router.log").read_text()
     assert "requests file /dev/full: cannot write" in log
+
+
+def forge(store: RecordStore, after: ObjectName, step: int, rows: list[str], signature: str | None) -> str:
+    """An object anyone with write access could add: the router's name shape, the next sequence number."""
+    name = replace(after, written_ms=after.written_ms + step, sequence=after.sequence + step)
+    body = "".join(row + "\n" for row in rows).encode()
+    if signature is not None:
+        body += json.dumps({FIELD: {"v": 1, "alg": "ed25519", "sig": signature}}).encode() + b"\n"
+    store.put(name.key, body)
+    return store.where(name.key)
+
+
+@pytest.mark.parametrize("kind", ["folder", "s3"])
+def test_a_forged_object_in_the_store_is_refused_reported_and_holds_no_stage(
+    farm: UpstreamFarm, s3_endpoint: str, tmp_path: Path, kind: str
+) -> None:
+    # The defect: the reader believed any object under its prefix. A forged record of a real request
+    # at a higher attempt replaced the real one, and an object it could not parse made the stage
+    # inconclusive, so anyone who could write to the store could steer or hold every rollout.
+    url = str(tmp_path / "records") if kind == "folder" else bucket_url(s3_endpoint)
+    key = tmp_path / "host-a.key"
+    made = subprocess.run([sys.executable, "-m", "revgate.cli.main", "router-key", str(key)], capture_output=True,
+                          text=True, check=True)
+    assert "BEGIN PUBLIC KEY" in made.stdout and key.stat().st_mode & 0o077 == 0
+    since = time.time()
+    first = snapshot(ROUTE, 1, [farm["a1"]], candidate=[farm["s1"]], weight_ppm=500_000)
+    (tmp_path / "a").mkdir()
+    flags = sink_flags(url, "host-a", "--records-key", str(key), "--record-outputs")
+    with router_process(tmp_path / "a", ROUTE, first, extra=flags) as one:
+        assert sink_health(one)["signed"]
+        for number in range(100):
+            complete(one, f"a{number}", **{"x-session-id": f"a{number}"})
+        signers = {"host-a": f"{key}.pub"}  # the site configuration's record_signers
+        stage = StageRecords(url, ROUTE, StageWindow(first_generation=1, since_s=since), paired=False,
+                             signers=signers)
+        wait_until(lambda: stage.poll() >= 100, timeout=20)
+
+        store = open_record_store(url)
+        prefix = f"{ROUTE}/requests/host-a/"
+        last = parse_name(ROUTE, "requests", "host-a", store.files(prefix)[-1])
+        assert last is not None
+        victims = sorted(stage.by_id.values(), key=lambda record: record.request_id)[:2]
+        rows = [replace(victim, attempt=9, outcome="error", status_code=500).to_json()
+                for victim in victims]
+        unsigned = forge(store, last, 1, rows[:1], None)
+        invalid = forge(store, last, 2, rows[1:], base64.b64encode(bytes(64)).decode())
+        for number in range(100, 120):
+            complete(one, f"a{number}", **{"x-session-id": f"a{number}"})
+        wait_until(lambda: stage.poll() >= 120, timeout=20)  # the router's objects after the forged ones
+
+    assert [stage.by_id[victim.request_id] for victim in victims] == victims  # the real records are kept
+    refused = "\n".join(stage.refused)
+    assert f"forged {unsigned} (router host-a)" in refused and "no signature line" in refused
+    assert f"forged {invalid} (router host-a)" in refused and "does not match" in refused
+    assert stage.lost == [] and stage.per_router == {"host-a": 120}
+    # Every answer its own reference: both revisions answer well, so the gates alone pass the stage.
+    labels = {record.caller_request_id: TraceEntry(request_id=record.caller_request_id, offset_s=0.0, body={},
+                                                   reference=record.output_text) for record in stage.by_id.values()}
+    arms = stage.canary(fingerprint("a"), fingerprint("s"), labels)
+    policy = GatePolicy.build(latency_metrics=[], quality_margin="0.1", error_margin="0.1",
+                              min_samples_per_slice=20, max_samples_per_stage=40, look_every=20)
+    judged = judge(gates_from_policy(policy, 0.5), policy,
+                   build_evidence(arms.stable, arms.candidate, exact_match, expected_candidate_share=0.5))
+    report = with_provenance(judged, arms, stage.refused)
+    assert report.outcome == "pass", [(g.gate, g.outcome, g.reason) for g in judged.gates]
+    assert report.outcome == judged.outcome != "inconclusive"  # reported, and holding nothing
+    assert sum(note.startswith("refused as evidence: forged") for note in report.notes) == 2

@@ -159,6 +159,8 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
         "test_a_rollout_asked_for_by_name_is_approved_in_the_ui_and_promoted_by_the_worker",),
     "prefect deployment run rollback/rollback-route --param route=beta --param requested_by=oncall --watch": (
         f"{DEPLOYMENTS}::test_the_rollback_deployment_removes_the_canary",),
+    "revgate router-key /etc/revgate/router-a.key": (
+        "tests/integration/test_record_sink.py::test_a_forged_object_in_the_store_is_refused_reported_and_holds_no_stage",),
     # docs/worker.md
     "revgate worker --host 127.0.0.1 --port 8701 --cache .cache/worker --token-file worker.token": (
         "tests/integration/test_worker_agent.py::test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drain",),

@@ -5,21 +5,26 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from revgate.evaluation.records import RequestRecord
+from revgate.registry.record_signing import RecordKeyInvalid, load_public_key, load_signer, new_key_pair, signer_keys
 from revgate.registry.record_store import (
     FolderRecordStore,
+    ObjectName,
     RecordReader,
     RecordStoreInvalid,
     StageWindow,
     check_router_id,
     open_record_store,
+    parse_name,
 )
 from revgate.serving.router.parse import parse_body
+from revgate.serving.router.records import line_bytes
 from revgate.serving.router.service import _declared
 from revgate.serving.router.sink import ObjectSink
 
@@ -154,3 +159,146 @@ def test_a_record_that_cannot_be_serialised_is_dropped_and_counted(tmp_path: Pat
     assert sink.dropped == 1 and sink.written_records == 2
     found = reader(store).read()
     assert [item.request_id for item in found.records] == ["r1", "r2"] and found.dropped == {"host-a": 1}
+
+
+# --- signed objects: who wrote what ------------------------------------------------------------
+
+
+def signed_sink(store: FolderRecordStore, router: str, tmp_path: Path) -> tuple[ObjectSink, Any]:
+    signer = new_key_pair(tmp_path / f"{router}.key")
+    return ObjectSink(store, "chat", "requests", router, signer=signer), signer.private.public_key()
+
+
+def one_object(store: FolderRecordStore, router: str) -> Path:
+    (path,) = (store.root / "chat/requests" / router).iterdir()
+    return path
+
+
+def test_a_signed_object_verifies_and_a_reader_without_keys_skips_its_signature(tmp_path: Path) -> None:
+    store = FolderRecordStore(tmp_path / "store")
+    sink, public = signed_sink(store, "host-a", tmp_path)
+    sink.append(record(1))
+    sink.append(record(2))
+    assert flush(sink) and sink.health()["signed"]
+    assert b'"revgate_record_signature"' in one_object(store, "host-a").read_bytes().splitlines()[-1]
+    found = reader(store, keys={"host-a": public}).read()
+    assert [item.request_id for item in found.records] == ["r1", "r2"] and found.problems == []
+    assert found.origins == [("host-a", str(one_object(store, "host-a")))] * 2
+    unkeyed = reader(store).read()  # no keys: as before, and the signature line is no record
+    assert [item.request_id for item in unkeyed.records] == ["r1", "r2"] and unkeyed.problems == []
+
+
+def forged_kinds(found: Any) -> list[tuple[str, str, str]]:
+    return [(problem.kind, problem.router, problem.where) for problem in found.problems]
+
+
+def test_a_changed_byte_a_renamed_object_and_an_unsigned_object_are_refused_with_their_keys(tmp_path: Path) -> None:
+    store = FolderRecordStore(tmp_path / "store")
+    sink, public = signed_sink(store, "host-a", tmp_path)
+    sink.append(record(1))
+    flush(sink)
+    real = one_object(store, "host-a")
+    name = parse_name("chat", "requests", "host-a", real.name)
+    assert name is not None
+    data = real.read_bytes()
+    later = replace(name, written_ms=name.written_ms + 1, sequence=name.sequence + 1)
+    changed = replace(name, written_ms=name.written_ms + 2, sequence=name.sequence + 2)
+    unsigned = replace(name, written_ms=name.written_ms + 3, sequence=name.sequence + 3)
+    store.put(later.key, data)  # the real bytes under another name
+    store.put(changed.key, data.replace(b'"r1"', b'"r9"'))  # one record altered
+    store.put(unsigned.key, line_bytes(record(7)))  # no signature at all
+    found = reader(store, keys={"host-a": public}).read()
+    assert [item.request_id for item in found.records] == ["r1"]  # the real object alone
+    assert forged_kinds(found) == [("forged", "host-a", store.where(key)) for key in (later.key, changed.key,
+                                                                                      unsigned.key)]
+    assert "no signature line" in found.problems[2].detail and "does not match" in found.problems[0].detail
+
+
+def test_an_object_copied_into_another_routers_folder_is_refused(tmp_path: Path) -> None:
+    store = FolderRecordStore(tmp_path / "store")
+    one, public_one = signed_sink(store, "host-a", tmp_path)
+    _two, public_two = signed_sink(store, "host-b", tmp_path)
+    one.append(record(1))
+    flush(one)
+    real = one_object(store, "host-a")
+    copy = f"chat/requests/host-b/{real.name}"
+    store.put(copy, real.read_bytes())  # signed by host-a's key, under host-b's name
+    found = reader(store, keys={"host-a": public_one, "host-b": public_two}).read()
+    assert [(item.request_id, origin) for item, origin in zip(found.records, found.origins, strict=True)] == [
+        ("r1", ("host-a", str(real)))]
+    assert forged_kinds(found) == [("forged", "host-b", store.where(copy))]
+
+
+def test_objects_of_a_router_not_named_are_counted_never_read(tmp_path: Path) -> None:
+    store = FolderRecordStore(tmp_path / "store")
+    named, public = signed_sink(store, "host-a", tmp_path)
+    stranger, _ = signed_sink(store, "stranger", tmp_path)  # signs well, with a key the route does not name
+    named.append(record(1))
+    stranger.append(record(2))
+    stranger.append(record(3))
+    flush(named)
+    flush(stranger)
+    records = reader(store, keys={"host-a": public})
+    found = records.read()
+    assert [item.request_id for item in found.records] == ["r1"] and found.per_router == {"host-a": 1}
+    assert [(p.kind, p.router, p.where, p.count) for p in found.problems] == [
+        ("unnamed", "stranger", store.where("chat/requests/stranger/"), 1)]
+    assert records.read().problems == []  # reported once
+    with pytest.raises(RecordStoreInvalid, match="no public key for router"):
+        reader(store, routers=["host-a", "host-b"], keys={"host-a": public})
+
+
+def test_a_forged_name_neither_skips_the_routers_later_objects_nor_hides_a_gap(tmp_path: Path) -> None:
+    store = FolderRecordStore(tmp_path / "store")
+    sink, public = signed_sink(store, "host-a", tmp_path)
+    records = reader(store, keys={"host-a": public})
+    sink.append(record(1))
+    flush(sink)
+    assert [item.request_id for item in records.read().records] == ["r1"]
+    # Names sorting after every real one: a far-future time under another boot, and a name no router writes.
+    future = ObjectName("chat", "requests", "host-a", 9_999_999_999_999, "zz", 0, 0)
+    store.put(future.key, line_bytes(record(66)))
+    store.put("chat/requests/host-a/zzzz.jsonl", line_bytes(record(67)))
+    first = records.read()
+    assert first.records == [] and sorted(p.kind for p in first.problems) == ["forged", "forged"]
+    sink.sequence += 1  # the router's next object goes missing
+    sink.append(record(2))
+    flush(sink)
+    sink.append(record(3))
+    flush(sink)
+    later = records.read()
+    assert [item.request_id for item in later.records] == ["r2", "r3"]  # still read, after the forged names
+    assert [(p.kind, p.count) for p in later.problems] == [("gap", 1)]  # the forged objects are not reported again
+
+
+def test_router_keys_are_made_private_and_a_readable_or_foreign_key_is_refused(tmp_path: Path) -> None:
+    signer = new_key_pair(tmp_path / "router.key")
+    assert (tmp_path / "router.key").stat().st_mode & 0o777 == 0o600
+    assert load_signer(tmp_path / "router.key").public_pem() == signer.public_pem()
+    with pytest.raises(RecordKeyInvalid, match="already there"):
+        new_key_pair(tmp_path / "router.key")
+    (tmp_path / "router.key").chmod(0o644)
+    with pytest.raises(RecordKeyInvalid, match="readable by other users"):
+        load_signer(tmp_path / "router.key")
+    assert load_public_key(signer.public_pem().decode(), "x").public_bytes_raw() == \
+        signer.private.public_key().public_bytes_raw()
+    (tmp_path / "router.pub").write_bytes(signer.public_pem())
+    assert signer_keys({"host-a": str(tmp_path / "router.pub")})["host-a"] == signer.private.public_key()
+    with pytest.raises(RecordKeyInvalid, match=r"record_signers\.host-b"):
+        signer_keys({"host-b": str(tmp_path / "absent.pub")})
+    with pytest.raises(RecordKeyInvalid, match="not a PEM public key"):
+        load_public_key("-----BEGIN PUBLIC KEY-----\nnonsense\n-----END PUBLIC KEY-----\n", "x")
+
+
+def test_the_router_command_refuses_a_key_without_a_sink_and_a_key_others_can_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from revgate.cli.main import main
+
+    new_key_pair(tmp_path / "router.key")
+    base = ["router", "--routes", str(tmp_path / "routes"), "--records-key", str(tmp_path / "router.key")]
+    assert main(base) == 2
+    assert "no --records-sink is given" in capsys.readouterr().err
+    (tmp_path / "router.key").chmod(0o640)
+    assert main([*base, "--records-sink", str(tmp_path / "records")]) == 2
+    assert "readable by other users" in capsys.readouterr().err

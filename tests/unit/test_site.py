@@ -175,3 +175,19 @@ def test_an_auditor_trusts_the_sites_approver_keys_and_its_own_first(tmp_path: P
     assert trusted_keys([f"alice={tmp_path / 'mine.pub'}"], site)["alice"].endswith("alice-mine\n")
     with pytest.raises(ApproverKeyInvalid, match="is not NAME=FILE"):
         trusted_keys(["alice"], "")
+
+
+def test_the_routes_record_signers_reach_the_spec_and_bad_ones_are_refused_at_load(tmp_path: Path) -> None:
+    from revgate.registry.record_signing import new_key_pair
+
+    pem = new_key_pair(tmp_path / "router.key").public_pem().decode()
+    signers = {"router-a": pem, "router-b": "/etc/revgate/router-b.pub"}
+    site = load_site(write_site(tmp_path, site_json(record_signers=signers)))
+    assert promotion_spec(site, "chat", "improved").record_signers == signers
+    assert promotion_spec(load_site(write_site(tmp_path, site_json())), "chat", "improved").record_signers == {}
+    for bad, expected in (({"a/b": pem}, "no router id"), ({"router-a": pem.replace("MC", "xx", 1)}, "PEM"),
+                          ({"router-a": pem}, "needs records_sink")):
+        sink = "" if expected == "needs records_sink" else "s3://records/prod"
+        with pytest.raises(SiteConfigInvalid) as refused:
+            load_site(write_site(tmp_path, site_json(record_signers=bad, records_sink=sink, paired_records="p")))
+        assert expected in str(refused.value) and "routes.chat" in str(refused.value)

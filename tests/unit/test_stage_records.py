@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from revgate.evaluation.evidence import build_evidence
 from revgate.evaluation.gates import gates_from_policy, judge
 from revgate.evaluation.graders import exact_match
 from revgate.evaluation.records import RequestRecord
 from revgate.evaluation.traces import TraceEntry
-from revgate.flows.evidence import StageRecords
+from revgate.flows.evidence import SinkTail, StageRecords
 from revgate.flows.promote import PairGrading, with_provenance
 from revgate.manifests.gates import GatePolicy
+from revgate.registry.record_signing import RecordSigner, new_key_pair
 from revgate.registry.record_store import FolderRecordStore, ObjectName, StageWindow
 from revgate.shadow.records import PairedRecord
 
@@ -113,3 +115,73 @@ def test_an_unreachable_store_is_missing_evidence(tmp_path: Path) -> None:
     (tmp_path / "file" / "demo").write_text("not a folder")  # listing the route's records fails
     records.poll()
     assert any("unavailable" in problem for problem in records.problems())
+
+
+# --- who wrote what: signed objects, duplicates -------------------------------------------------
+
+
+def signed_put(root: Path, signer: RecordSigner, router: str, sequence: int, rows: list[str]) -> str:
+    name = ObjectName("demo", "requests", router, 1_700_000_000_000 + sequence, "b1", sequence)
+    body = "".join(row + "\n" for row in rows).encode()
+    FolderRecordStore(root).put(name.key, signer.sign(name.key, body))
+    return str(root / name.key)
+
+
+def passing_report(arms: Any) -> Any:
+    policy = GatePolicy.build(latency_metrics=[], quality_margin="0.1", error_margin="0.1",
+                              min_samples_per_slice=20, max_samples_per_stage=40, look_every=20)
+    report = judge(gates_from_policy(policy), policy, build_evidence(arms.stable, arms.candidate, exact_match))
+    assert report.outcome == "pass", [(g.gate, g.reason) for g in report.gates]
+    return report
+
+
+def test_a_forged_higher_attempt_cannot_replace_a_real_record_nor_hold_the_stage(tmp_path: Path) -> None:
+    key = new_key_pair(tmp_path / "r1.key")
+    store = tmp_path / "store"
+    signed_put(store, key, "r1", 0, [request(f"s{i}", f"u-s{i}", STABLE) for i in range(40)])
+    signed_put(store, key, "r1", 1, [request(f"c{i}", f"u-c{i}", CANDIDATE) for i in range(40)])
+    # Anyone who can write to the store: a record of a real request at a higher attempt, unsigned or
+    # signed by another key, under the real router's folder with the next sequence number; and a stray.
+    put(store, "requests", "r1", 2, [request("c0", "u-c0", CANDIDATE, attempt=9, outcome="error", output="")])
+    stranger = new_key_pair(tmp_path / "stranger.key")
+    forged = signed_put(store, stranger, "r1", 3, [request("c1", "u-c1", CANDIDATE, attempt=9, output="x")])
+    (store / "demo/requests/r1/stray.txt").write_text("not a record")
+    signers = {"r1": key.public_pem().decode()}
+    records = StageRecords(str(store), "demo", StageWindow(first_generation=5), paired=False, signers=signers)
+    records.poll()
+    assert records.by_id["c0"].attempt == 1 and records.by_id["c1"].output_text == "3"  # the real records
+    assert not records.lost and len(records.refused) == 3
+    assert any(forged in item and "does not match" in item for item in records.refused)
+    arms = records.canary(STABLE, CANDIDATE, probe_labels(*(f"u-{arm}{i}" for arm in "sc" for i in range(40))))
+    shown = with_provenance(passing_report(arms), arms, records.refused)
+    assert shown.outcome == "pass"  # a forged object is reported, and holds no rollout
+    assert sum(note.startswith("refused as evidence: forged") for note in shown.notes) == 3
+
+
+def test_a_duplicate_record_is_refused_with_both_keys_and_the_first_kept(tmp_path: Path) -> None:
+    put(tmp_path, "requests", "r1", 0, [request("a", "u-1", STABLE, output="3")])
+    put(tmp_path, "requests", "r1", 1, [request("a", "u-1", STABLE, output="4")])  # the same attempt again
+    put(tmp_path, "requests", "r2", 0, [request("a", "u-1", STABLE, attempt=5, output="5")])  # another router's
+    put(tmp_path, "paired", "r1", 0, [pair("a", "3"), pair("a", "9")])
+    records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=True)
+    records.poll()
+    assert records.by_id["a"].output_text == "3" and records.pairs["a"].shadow_output == "3"
+    first = str(tmp_path / ObjectName("demo", "requests", "r1", 1_700_000_000_000, "b1", 0).key)
+    again = str(tmp_path / ObjectName("demo", "requests", "r1", 1_700_000_000_001, "b1", 1).key)
+    other = str(tmp_path / ObjectName("demo", "requests", "r2", 1_700_000_000_000, "b1", 0).key)
+    duplicates = [item for item in records.refused if item.startswith("duplicate record a")]
+    assert len(duplicates) == 2 and all(first in item for item in duplicates)
+    assert any(again in item for item in duplicates) and any(other in item for item in duplicates)
+    assert any(item.startswith("duplicate pair a") for item in records.refused)
+    assert not records.lost  # nothing is missing: the first is kept
+
+
+def test_the_rollback_windows_tail_reads_only_the_named_routers_signed_records(tmp_path: Path) -> None:
+    key = new_key_pair(tmp_path / "r1.key")
+    store = tmp_path / "store"
+    signed_put(store, key, "r1", 0, [request("a", "u-a", STABLE)])
+    put(store, "requests", "r1", 1, [request("b", "u-b", STABLE)])  # unsigned, under the named router
+    put(store, "requests", "r9", 0, [request("c", "u-c", STABLE)])  # a router the route does not name
+    tail = SinkTail(str(store), "demo", 0.0, {"r1": key.public_pem().decode()})
+    assert [record.request_id for record in tail.poll()] == ["a"] and tail.poll() == []
+    assert sorted(record.request_id for record in SinkTail(str(store), "demo", 0.0).poll()) == ["a", "b", "c"]
