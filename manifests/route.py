@@ -132,6 +132,17 @@ class RouteSnapshot(Document):
     failure_domains: dict[str, str] = Field(default_factory=dict)  # endpoint -> domain
     request_timeout_ms: int = Field(default=60_000, ge=1, le=3_600_000)
     max_retries: int = Field(default=1, ge=0, le=5)
+    # The signed release decision this generation records (sha256 of the statement the controller signed): on a
+    # rollout's deciding write only (promoted, rolled back); every other write leaves it empty (successor clears it).
+    decision_attestation: str | None = None
+
+    @field_validator("decision_attestation")
+    @classmethod
+    def _decision_attestation(cls, value: str | None) -> str | None:
+        if value is not None and not DIGEST.match(value):
+            raise ValueError("decision_attestation must be sha256:<64 hex>")
+        return value
+
     created_by: str = Field(min_length=1)
     created_at: datetime
 
