@@ -8,6 +8,7 @@ counted answers its run holds, each with the time the rollout counted it.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.canonical import sha256_digest
+from revgate.promotion.machine import ApprovalGiven, RolloutState
 from revgate.registry.attestation import (
     ATTESTATION,
     ApprovalEntry,
@@ -23,7 +25,6 @@ from revgate.registry.attestation import (
     statement_bytes,
     statement_digest,
 )
-from revgate.promotion.machine import ApprovalGiven, RolloutState
 from revgate.registry.audit import counted_approvals, recorded_digests
 from revgate.registry.ledger import EvidenceLedger, EvidenceRun
 from revgate.registry.signing import ControllerKey, load_controller_key, sign_statement
@@ -88,8 +89,6 @@ class Attestor:
         if signed is None:
             self.ledger.log_step(self.run, "attestation", "unsigned: the site configures no controller_key_file")
             return
-        import json
-
         name = self.ledger.log_json_new(self.run, ATTESTATION, json.loads(signed.envelope), plain_first=True)
         self.ledger.tag(self.run, ATTESTATION_TAG, signed.digest)
         assert self.key is not None

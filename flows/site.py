@@ -87,7 +87,8 @@ class RouteSite(BaseModel):
                                        description="candidate names a person may give instead of a digest")
 
 
-ROUTE_ONLY = frozenset({"policy", "plan", "candidates", "controller_public_key"})  # the site's names, not promotion parameters
+# The site's names and the auditor's key, not promotion parameters.
+ROUTE_ONLY = frozenset({"policy", "plan", "candidates", "controller_public_key"})
 
 
 class SiteConfig(BaseModel):

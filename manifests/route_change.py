@@ -17,7 +17,8 @@ def successor(current: RouteSnapshot, *, by: str, now: datetime, **changes: Any)
     ``changes`` names it again.
     """
     fields = current.model_dump()
-    fields.update({"decision_attestation": None}, **changes, generation=current.generation + 1, created_by=by, created_at=now)
+    fields.update({"decision_attestation": None}, **changes, generation=current.generation + 1, created_by=by,
+                  created_at=now)
     return RouteSnapshot.build(**fields)
 
 

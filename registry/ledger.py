@@ -24,7 +24,6 @@ from revgate.manifests.errors import RevgateError
 from revgate.manifests.gates import GateReport
 from revgate.registry.attestation import (
     DECISIONS,
-    AttestationUnreadable,
     RunFacts,
     attestation_names,
     is_gate_report,
@@ -501,7 +500,7 @@ def attestation_check(name: str, envelope: bytes, facts: RunFacts, controller: s
     try:
         verified = verify_statement(envelope.decode("utf-8", "replace"), controller, where=f"evidence/{name}.json")
         decision = parse_statement(verified.payload, where=f"evidence/{name}.json")
-    except (RevgateError, AttestationUnreadable) as error:
+    except RevgateError as error:  # a signature that does not verify, a statement that is not a decision
         return AttestationCheck(name, "", "", 0, "", (f"{where} does not verify with the trusted controller key: "
                                                       f"{error.what}. {error.fix}",))
     problems = predicate_problems(decision, facts, where=where, final=final)

@@ -295,3 +295,17 @@ def test_the_audit_of_a_run_fails_on_each_problem_and_says_which() -> None:
     unsigned = replace(run_evidence(None), unattested="no controller key given")
     [accepted] = anchor_in_history([unsigned], history(attestation=None), "routes")
     assert accepted.intact and "release decision not attested: no controller key given" in render([accepted], {})
+
+
+def test_an_auditor_trusts_the_sites_controller_key_never_a_private_one(tmp_path: Path) -> None:
+    from revgate.cli.evidence import ControllerKeyInvalid, read_public_key
+    from revgate.flows.site import RouteSite
+
+    pair = write_key(tmp_path, "controller")[0]
+    assert "controller_public_key" in RouteSite.model_fields and "controller_key_file" in RouteSite.model_fields
+    assert read_public_key(str(pair.public), "--controller-key") == pair.public.read_text()
+    with pytest.raises(ControllerKeyInvalid, match="holds no PEM public key") as caught:
+        read_public_key(str(pair.private), "--controller-key")
+    assert "never its private key" in caught.value.fix
+    with pytest.raises(ControllerKeyInvalid, match="cannot read the controller's public key"):
+        read_public_key(str(tmp_path / "none.pub"), "--controller-key")
