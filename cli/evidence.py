@@ -35,8 +35,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--approver-key", action="append", default=[], metavar="NAME=FILE",
                         help="the public key (PEM file) you trust for an approver, to verify signed approvals with "
                              "(repeatable); never a key found in the run")
+    parser.add_argument("--controller-key", default="", metavar="FILE",
+                        help="the controller's public key (PEM file) you trust, to verify each signed release "
+                             "decision with; never a key found in the run")
     parser.add_argument("--site", default="",
-                        help="a site configuration whose plans' approver_keys you trust (besides --approver-key)")
+                        help="a site configuration whose plans' approver_keys you trust (besides --approver-key), "
+                             "whose route's controller_public_key you trust (unless --controller-key) and whose "
+                             "route_store holds the route's history (unless --routes)")
     parser.add_argument("--json", action="store_true", help="print the audit as JSON")
     parser.set_defaults(func=run_evidence)
 
@@ -64,26 +69,60 @@ def trusted_keys(given: list[str], site: str) -> dict[str, str]:
     return keys
 
 
+class ControllerKeyInvalid(RevgateError):
+    """The controller's public key the auditor named cannot be read."""
+
+
+def read_public_key(file: str, where: str) -> str:
+    """The PEM text of a public key file the auditor trusts; ControllerKeyInvalid when unreadable."""
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ControllerKeyInvalid(f"cannot read the controller's public key ({error})", where=where,
+                                   fix="Give the controller's PEM public key file (the site's "
+                                       "controller_public_key).") from None
+    if "-----BEGIN PUBLIC KEY-----" not in text:
+        raise ControllerKeyInvalid(f"{file} holds no PEM public key", where=where,
+                                   fix="Give the controller's public key, never its private key.")
+    return text
+
+
+def site_route(site: str, route: str) -> Any | None:
+    """The site configuration's settings of ``route`` (None without --site, or when it has no such route)."""
+    if not site:
+        return None
+    from revgate.flows.site import load_site
+
+    return load_site(Path(site)).routes.get(route)
+
+
 def run_evidence(args: argparse.Namespace) -> int:
-    """Print the audit; exit 0 when intact, 4 when a document was altered or lost or an approval's signature
-    does not verify."""
-    from revgate.registry.audit import audit_json, render
+    """Print the audit; exit 0 when intact, 4 when a document was altered or lost, an approval's signature does
+    not verify, or a release decision is not signed, not what the run holds, or not in the route's history."""
+    from revgate.registry.audit import anchor_in_history, audit_json, render
     from revgate.registry.ledger import EvidenceLedger
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per document otherwise
 
     trusted = trusted_keys(args.approver_key, args.site)  # a bad key file is refused before anything is read
+    given = read_public_key(args.controller_key, "--controller-key") if args.controller_key else None
     ledger = EvidenceLedger(args.tracking_uri, Path.cwd())
     # The short form route history prints (12 hex digits) names a revision too.
     revision = args.revision if args.revision.startswith("sha256:") else f"sha256:{args.revision}"
-    runs = ledger.evidence_of(revision, trusted)
-    if not runs:
+    route = ledger.route_of(revision)
+    if route is None:
         raise EvidenceNotFound(
             f"no promotion run of revision {args.revision!r}",
             where=args.tracking_uri,
             fix="Check the tracking URI (the demo prints its own) and the fingerprint (`revgate route history`).",
         )
-    route = runs[0].route
+    settings = site_route(args.site, route)
+    controller = given or (read_public_key(settings.controller_public_key, f"{args.site}: routes.{route}."
+                                           "controller_public_key")
+                           if settings is not None and settings.controller_public_key else None)
+    runs = ledger.evidence_of(revision, trusted, controller)
+    store = args.routes or (settings.route_store if settings is not None else "")
+    runs = anchor_in_history(runs, route_history(store, route), store)
     model = args.model or route
     aliases = ledger.aliases_of(model, revision)
     followed = route_beside_registry(ledger, model, args.routes, route) if args.routes else None
@@ -120,3 +159,12 @@ def route_beside_registry(ledger: Any, model: str, routes: str, route: str) -> t
     assert current is not None
     return side_by_side(model, changes, moves, versions), disagreement(
         model, ledger.alias_fingerprint(model, "stable"), current)
+
+
+def route_history(store: str, route: str) -> list[Any] | None:
+    """Every generation of ``route`` in the route store ``store``; None when no store was named."""
+    if not store:
+        return None
+    from revgate.registry.route_store import open_route_store
+
+    return list(open_route_store(store).history(route))

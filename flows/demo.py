@@ -64,9 +64,9 @@ COPY_NOTE = (
 )
 
 
-def signing_key(folder: Path) -> tuple[Path, Path]:
-    """A P-256 key pair for the demo's publisher (made once)."""
-    private, public = folder / "publisher.key", folder / "publisher.pub"
+def signing_key(folder: Path, name: str = "publisher") -> tuple[Path, Path]:
+    """A P-256 key pair for the demo's publisher, or its controller (``name``), made once."""
+    private, public = folder / f"{name}.key", folder / f"{name}.pub"
     if not private.exists():
         folder.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
@@ -318,7 +318,7 @@ class DemoSession:
             record_signers=self.record_signers,
             router_records=str(root / "router" / "records.jsonl"), trace=str(root / "trace.jsonl"), batch_size=200,
             tracking_uri=f"sqlite:///{(root / 'mlflow.db').resolve()}", evidence_root=str(root / "evidence"),
-            approval=approval,
+            approval=approval, controller_key_file=str(signing_key(root / "keys", "controller")[0]),
         )
 
     def rollout(self, candidate: str, approval: str = "auto", *, log: Path | None = None) -> DemoRollout:
@@ -448,7 +448,9 @@ def print_outcome(spec: PromotionSpec) -> None:
     print(f"evidence: MLflow store {spec.tracking_uri} (mlflow ui --backend-store-uri {spec.tracking_uri})")
     tried = [s.candidate or s.shadow for s in history if s.candidate or s.shadow]
     if tried and tried[-1] is not None:
-        print(f"audit it: revgate evidence --tracking-uri {spec.tracking_uri} {tried[-1].fingerprint}")
+        public = Path(spec.controller_key_file).with_suffix(".pub")
+        print(f"audit it: revgate evidence --tracking-uri {spec.tracking_uri} --routes {spec.route_store} "
+              f"--controller-key {public} {tried[-1].fingerprint}")
 
 
 def show_until_interrupted(session: DemoSession, done: DemoRollout) -> None:

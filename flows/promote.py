@@ -36,6 +36,7 @@ from revgate.evaluation.graders import JudgeEndpoint, answer_pairs, exact_match,
 from revgate.evaluation.records import RequestRecord
 from revgate.evaluation.traces import TraceEntry, read_trace
 from revgate.flows import approval, evidence, sizing, steps
+from revgate.flows.attest import Attestor, Signed, controller_key
 from revgate.flows.auditor import log_stage_plots, plot_stage, version_facts
 from revgate.flows.report import report_markdown, slice_rows
 from revgate.flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
@@ -294,6 +295,7 @@ class Promotion:
         self.latest_report = "No gate report yet."
         self.measured: Measured | None = None  # stable as the last stage measured it, for the next power check
         self.keys = RolloutKeys.new()  # the cohort's secret and the probes' credential, for this rollout only
+        self.attestor = Attestor(spec, ledger, run, controller_key(spec))  # signs each decision
 
     def wait(self, seconds: float) -> None:
         """Sleep, cut short as soon as another writer takes the route (RouteTakenOver) or the run is cancelled."""
@@ -309,15 +311,26 @@ class Promotion:
         if self._raises_candidate_traffic(self.owner.check()) and not self.ensure_capacity():
             self.state = advance(self.spec.plan, self.state, Abort("not enough ready capacity to move traffic"))
         now = datetime.now(UTC)
+        signed: list[Signed | None] = []  # a decision, signed for the generation its write commits
 
         def change(current: RouteSnapshot) -> RouteSnapshot | None:
+            if self.state.status in TERMINAL:
+                signed.append(self.sign_decision(current.generation + 1))
             return desired_route(current, self.state, self.target, lease_seconds=self.spec.plan.lease_seconds,
-                                 by=self.spec.created_by, now=now, keys=self.keys)
+                                 by=self.spec.created_by, now=now, keys=self.keys,
+                                 attestation=signed[-1].digest if signed and signed[-1] else None)
 
         proposed = self.owner.commit(change)
         if proposed is not None:
             self.ledger.log_document(self.run, f"route-generation-{proposed.generation:06d}", proposed)
+            if signed:
+                self.attestor.record(signed[-1])
             self.await_routers(proposed.generation)
+
+    def sign_decision(self, generation: int) -> Signed | None:
+        """The decision this state states, signed for route generation ``generation`` (None without a key)."""
+        return self.attestor.sign(self.state, generation, candidate=self.target.fingerprint, stable=self.stable,
+                                  flow_run_id=flow_run.get_id() or "")
 
     def await_routers(self, generation: int) -> None:
         """A step counts as applied once every router serves its generation; a router behind stops the rollout."""
@@ -365,8 +378,9 @@ class Promotion:
         self.reports += 1
         markdown = report_markdown(report, stage)
         # JSON, readable markdown beside it, and the stage's figures as metrics (the auditor's view).
-        self.ledger.log_gate_report(self.run, f"gate-report-{self.reports:02d}-{stage}", report, markdown,
-                                    self.state.step_index)
+        name = f"gate-report-{self.reports:02d}-{stage}"
+        digest = self.ledger.log_gate_report(self.run, name, report, markdown, self.state.step_index)
+        self.attestor.note_report(name, digest, markdown)
         log_stage_plots(self.ledger, self.run, self.spec, stage)
         create_markdown_artifact(markdown, key=f"gate-report-{self.spec.route}", description=f"gates at {stage}")
         create_table_artifact(slice_rows(report), key=f"gate-slices-{self.spec.route}", description=stage)
@@ -379,9 +393,11 @@ class Promotion:
         if self.spec.approval == "auto":
             get_run_logger().warning("approval given automatically (spec.approval == 'auto')")
             return ApprovalGiven(True, self.state.evidence_digest, by="auto")
-        return approval.ask(self.ledger, self.run, question=step.prompt, markdown=markdown,
-                            shown=self.state.evidence_digest, plan=self.spec.plan, route=self.spec.route,
-                            timeout_s=self.spec.approval_timeout_s)
+        given = approval.ask(self.ledger, self.run, question=step.prompt, markdown=markdown,
+                             shown=self.state.evidence_digest, plan=self.spec.plan, route=self.spec.route,
+                             timeout_s=self.spec.approval_timeout_s)
+        self.attestor.note_answer(given)
+        return given
 
     def decide_paused(self) -> RolloutState:
         """Inconclusive at the stage's limit: a human may proceed; automatic mode never does."""
@@ -511,14 +527,24 @@ class Promotion:
         return None
 
     def revert(self, reason: str) -> None:
-        """After promotion: the old stable alone again, on its endpoints (still ready in the window)."""
-        reverted = self.owner.commit(self._reverted)
-        if reverted is not None:
-            self.ledger.log_document(self.run, f"route-generation-{reverted.generation:06d}", reverted)
-        self.state = replace(self.state, status="rolled_back", reason=reason)
+        """After promotion: the old stable alone again, on its endpoints (still ready in the window); a decision
+        of its own, signed like the promotion."""
+        decided = replace(self.state, status="rolled_back", reason=reason)
+        signed: list[Signed | None] = []
 
-    def _reverted(self, current: RouteSnapshot) -> RouteSnapshot:
-        return revert_to(current, self.before, by=self.spec.created_by, now=datetime.now(UTC))
+        def reverted(current: RouteSnapshot) -> RouteSnapshot:
+            back = revert_to(current, self.before, by=self.spec.created_by, now=datetime.now(UTC))
+            signed.append(self.attestor.sign(decided, back.generation, candidate=self.target.fingerprint,
+                                             stable=self.stable, flow_run_id=flow_run.get_id() or ""))
+            if signed[-1] is None:
+                return back
+            return RouteSnapshot.build(**{**back.model_dump(), "decision_attestation": signed[-1].digest})
+
+        written = self.owner.commit(reverted)
+        if written is not None:
+            self.ledger.log_document(self.run, f"route-generation-{written.generation:06d}", written)
+            self.attestor.record(signed[-1] if signed else None)
+        self.state = decided
 
 
 DECIDED = "decided: "  # the log line a follower returns at, before the rollback window ends
@@ -597,6 +623,7 @@ class Rollout:
     def run(self) -> str:
         """Pin and open the evidence run, then everything else; the decision the route shows at the end."""
         spec = self.spec
+        controller_key(spec)  # a controller key that cannot sign fails the rollout here, before anything moves
         revision = pin_task(spec)
         self.candidate = revision.fingerprint
         run = self.ledger.open_run(spec.route, revision.fingerprint, {"revgate.candidate_name": spec.candidate_name,

@@ -79,6 +79,10 @@ class RouteSite(BaseModel):
         "approved without a person (demo and test sites; refused for plans that name approvers or ask for "
         "signatures). The site's, never the Run form's: whoever may start a run cannot skip its approvals")
     approval_timeout_s: int = Field(default=3600, ge=10)
+    controller_key_file: str = Field(default="", description="the controller's PEM EC private key, on the host "
+                                     "that runs the flow: it signs each decision (a release attestation)")
+    controller_public_key: str = Field(default="", description="the controller's PEM public key (a file): what "
+                                       "`revgate evidence --site` verifies release attestations with")
     policy: str = Field(description="the gate policy a rollout of this route uses when none is named")
     plan: str = Field(description="the rollout plan a rollout of this route uses when none is named")
     candidates: dict[str, str] = Field(default_factory=dict,
@@ -91,7 +95,8 @@ class RouteSite(BaseModel):
         return self
 
 
-ROUTE_ONLY = frozenset({"policy", "plan", "candidates"})  # the site's names, not promotion parameters
+# The site's names and the auditor's key, not promotion parameters.
+ROUTE_ONLY = frozenset({"policy", "plan", "candidates", "controller_public_key"})
 
 
 class SiteConfig(BaseModel):

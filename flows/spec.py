@@ -102,6 +102,9 @@ class PromotionSpec(BaseModel):
         default="ui", description="'ui': pause for a release manager; 'auto': approve (demo and tests only)"
     )
     approval_timeout_s: int = Field(default=3600, ge=10)
+    controller_key_file: str = Field(
+        default="", description="the controller's PEM EC private key (P-256, P-384 or P-521): each decision is "
+        "signed with it as a release attestation; empty: decisions are recorded unsigned (the audit says so)")
     created_by: str = "revgate promote_revision"
 
     @property

@@ -148,6 +148,17 @@ class RouteSnapshot(Document):
     # default (the arm would tell a tenant which of its sessions to spend on the canary); requests
     # with a credential above always see them.
     reveal_revision: bool = False
+    # The signed release decision this generation records (sha256 of the statement the controller signed): on a
+    # rollout's deciding write only (promoted, rolled back); every other write leaves it empty (successor clears it).
+    decision_attestation: str | None = None
+
+    @field_validator("decision_attestation")
+    @classmethod
+    def _decision_attestation(cls, value: str | None) -> str | None:
+        if value is not None and not DIGEST.match(value):
+            raise ValueError("decision_attestation must be sha256:<64 hex>")
+        return value
+
     created_by: str = Field(min_length=1)
     created_at: datetime
 

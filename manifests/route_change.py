@@ -12,10 +12,13 @@ def successor(current: RouteSnapshot, *, by: str, now: datetime, **changes: Any)
     """``current`` with ``changes`` applied, at the next generation, re-validated from scratch.
 
     ``model_copy(update=...)`` would skip validation; a route is what production traffic touches,
-    so the successor goes through the same checks as a snapshot read from the store.
+    so the successor goes through the same checks as a snapshot read from the store. A decision's
+    attestation belongs to the one write that records the decision: the successor carries it only when
+    ``changes`` names it again.
     """
     fields = current.model_dump()
-    fields.update(changes, generation=current.generation + 1, created_by=by, created_at=now)
+    fields.update({"decision_attestation": None}, **changes, generation=current.generation + 1, created_by=by,
+                  created_at=now)
     return RouteSnapshot.build(**fields)
 
 
@@ -37,8 +40,8 @@ def mirror(target: RevisionTarget, sample_ppm: int, now: datetime, lease_seconds
 
 
 def same_traffic(a: RouteSnapshot, b: RouteSnapshot) -> bool:
-    """Whether two snapshots route traffic identically (ignoring generation, author, time, leases)."""
-    ignore = {"generation", "created_by", "created_at"}
+    """Whether two snapshots route traffic identically (ignoring generation, author, time, leases, attestation)."""
+    ignore = {"generation", "created_by", "created_at", "decision_attestation"}
 
     def shape(snapshot: RouteSnapshot) -> dict[str, Any]:
         data = snapshot.model_dump(exclude=ignore)

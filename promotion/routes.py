@@ -45,11 +45,14 @@ def desired_route(
     by: str,
     now: datetime,
     keys: RolloutKeys | None = None,
+    attestation: str | None = None,
 ) -> RouteSnapshot | None:
     """The next snapshot for ``state``, or None when the committed route already routes that way.
 
     Leases are renewed by :func:`renew_leases`, not here, so a no-op step writes nothing. While the
     rollout runs, its ``keys`` are the route's cohort secret and probe credential; its decision clears them.
+    A decision (promoted, rolled back) writes its ``attestation`` (the signed release decision's digest)
+    into the route's history even when the traffic is already so.
     """
     ended = {"cohort_secret": "", "probe_credential": ""}
     if state.status == "promoted":
@@ -57,17 +60,18 @@ def desired_route(
         domains = {url: dom for url, dom in current.failure_domains.items() if url in candidate.endpoints}
         proposed = successor(
             current, by=by, now=now, stable=as_target(candidate), candidate=None, shadow=None, failure_domains=domains,
-            **ended,
+            decision_attestation=attestation, **ended,
         )
     elif state.status == "rolled_back":
-        proposed = successor(current, by=by, now=now, candidate=None, shadow=None, **ended)
+        proposed = successor(current, by=by, now=now, candidate=None, shadow=None, decision_attestation=attestation,
+                             **ended)
     else:
         weighted = canary(candidate, state.weight_ppm, now, lease_seconds) if state.weight_ppm else None
         mirrored = mirror(candidate, state.shadow_ppm, now, lease_seconds) if state.shadow_ppm else None
         running = ended if keys is None else {"cohort_secret": keys.cohort_secret,
                                               "probe_credential": keys.probe_digest}
         proposed = successor(current, by=by, now=now, candidate=weighted, shadow=mirrored, **running)
-    return None if same_traffic(current, proposed) else proposed
+    return None if same_traffic(current, proposed) and proposed.decision_attestation is None else proposed
 
 
 def renew_leases(current: RouteSnapshot, *, lease_seconds: int, by: str, now: datetime) -> RouteSnapshot:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from revgate.manifests.canonical import sha256_digest
+from revgate.manifests.route import RouteSnapshot
+from revgate.registry.attestation import ReleaseDecision, attested_at, history_problem, unheld_attestations
 
 DIGEST_TAG = "revgate.digest."
 STEP_TAG = "revgate.step."
@@ -97,6 +99,20 @@ def statement_problem(answer: Mapping[str, Any], statement: bytes, route: str = 
 
 
 @dataclass(frozen=True, slots=True)
+class AttestationCheck:
+    """A signed release decision as the audit found it: what it decides, at which route generation, and what
+    does not hold (empty: verified with the auditor's controller key and matching the run and the route)."""
+
+    name: str  # its evidence name (release-attestation, release-attestation-2, ...)
+    digest: str  # the signed statement's digest ("" when it could not be read)
+    decision: str
+    generation: int
+    signer: str  # the controller key it verified with ("" when it did not)
+    problems: tuple[str, ...] = ()
+    signed: ReleaseDecision | None = None  # what it says, once its signature verified
+
+
+@dataclass(frozen=True, slots=True)
 class RunEvidence:
     """One promotion attempt of a revision as its evidence run records it."""
 
@@ -110,12 +126,17 @@ class RunEvidence:
     approval: Mapping[str, Any] | None
     approved_report: str | None = None  # the gate report whose evidence the approval names
     approvals: tuple[ApprovalRecord, ...] = ()  # every counted answer (approval, approval-2, ...)
+    attestations: tuple[AttestationCheck, ...] = ()  # the signed release decisions, oldest first
+    attestation_problems: tuple[str, ...] = ()  # a decision not attested, one the route records that the run lacks
+    unattested: str = ""  # why the run's decision carries no signature, where the audit accepts that
 
     @property
     def intact(self) -> bool:
-        """Every document named by digest is present and unaltered, and every approval signature verifies."""
+        """Every document named by digest is present and unaltered, every approval signature verifies, and every
+        release decision is signed, matches the run and is recorded in the route's history."""
         signatures = (record.signature for record in self.approvals if record.signature is not None)
-        return all(check.status == "ok" for check in self.documents) and all(sig.verified for sig in signatures)
+        return (all(check.status == "ok" for check in self.documents) and all(sig.verified for sig in signatures)
+                and not self.attestation_problems and not any(check.problems for check in self.attestations))
 
 
 def recorded_digests(tags: Mapping[str, str]) -> dict[str, str]:
@@ -173,6 +194,7 @@ def render(runs: Sequence[RunEvidence], aliases: Mapping[str, str]) -> str:
                                     if run.approval is not None else ())
         for record in records:
             lines += approval_lines(record)
+        lines += attestation_lines(run)
         for check in run.documents:
             detail = "" if check.status == "ok" else f"  expected {check.expected}, stored {check.actual or 'nothing'}"
             lines.append(f"  {check.status:<8} {check.path}{detail}")
@@ -185,10 +207,32 @@ def render(runs: Sequence[RunEvidence], aliases: Mapping[str, str]) -> str:
         lines.append(f"EVIDENCE ALTERED OR LOST: {len(broken)} document(s); the decisions above are unproven")
     if unsigned:
         lines.append(f"APPROVAL SIGNATURES THAT DO NOT VERIFY: {len(unsigned)}; those approvals are unproven")
-    if not broken and not unsigned:
+    unattested = [problem for run in runs for problem in (*run.attestation_problems,
+                                                          *(p for check in run.attestations for p in check.problems))]
+    if unattested:
+        lines.append(f"RELEASE DECISIONS THAT DO NOT VERIFY: {len(unattested)} problem(s) above; those decisions are "
+                     "unproven")
+    if not broken and not unsigned and not unattested:
         documents = sum(len(run.documents) for run in runs)
         lines.append(f"evidence intact: {documents} document(s) in {len(runs)} run(s) match their recorded digests")
     return "\n".join(lines)
+
+
+def attestation_lines(run: RunEvidence) -> list[str]:
+    """Each signed release decision: what it decides, where the route records it, and every problem found."""
+    lines = []
+    for check in run.attestations:
+        where = f"at route generation {check.generation}" if check.generation else "at no readable generation"
+        verdict = (f"signed with controller key {check.signer}: verified, matches the run and the route history"
+                   if not check.problems else "DOES NOT VERIFY")
+        lines.append(f"  release attestation evidence/{check.name}.json: {check.decision or '?'} {where}, "
+                     f"{check.digest or 'unreadable'}")
+        lines.append(f"    {verdict}")
+        lines += [f"    - {problem}" for problem in check.problems]
+    lines += [f"  RELEASE DECISION PROBLEM: {problem}" for problem in run.attestation_problems]
+    if run.unattested:
+        lines.append(f"  release decision not attested: {run.unattested}")
+    return lines
 
 
 def approval_lines(record: ApprovalRecord) -> list[str]:
@@ -224,6 +268,10 @@ def audit_json(runs: Sequence[RunEvidence], aliases: Mapping[str, str]) -> dict[
             "approved_report": run.approved_report,
             "approvals": [approval_json(record) for record in run.approvals],
             "documents": documents, "intact": run.intact,
+            "attestations": [{"name": a.name, "digest": a.digest, "decision": a.decision,
+                              "route_generation": a.generation, "signer": a.signer, "verified": not a.problems,
+                              "problems": list(a.problems)} for a in run.attestations],
+            "attestation_problems": list(run.attestation_problems), "unattested": run.unattested or None,
         }
 
     def approval_json(record: ApprovalRecord) -> dict[str, Any]:
@@ -234,3 +282,34 @@ def audit_json(runs: Sequence[RunEvidence], aliases: Mapping[str, str]) -> dict[
                 "signature_problem": signature.detail if signature and not signature.verified else None}
 
     return {"runs": [run_json(run) for run in sorted(runs, key=lambda r: r.started_ms)], "aliases": dict(aliases)}
+
+
+def anchor_in_history(runs: Sequence[RunEvidence], history: Sequence[RouteSnapshot] | None,
+                      store: str) -> list[RunEvidence]:
+    """The runs with each signed decision held against the route's history (None: no route store was named),
+    and every decision the history records for the revision that none of its runs holds."""
+    if history is None:
+        missing = ("not checked against the route's history: give --routes STORE (or --site) so the audit can "
+                   "see that the route recorded this decision",)
+        return [replace(run, attestations=tuple(replace(check, problems=(*check.problems, *missing))
+                                                if check.signed is not None else check
+                                                for check in run.attestations)) for run in runs]
+    generations = attested_at(history)
+    anchored = []
+    for run in runs:
+        checks = []
+        for check in run.attestations:
+            where = f"the release attestation evidence/{check.name}.json of run {run.run_id}"
+            problem = "" if check.signed is None else history_problem(check.signed, check.digest, generations,
+                                                                       where=where, store=store)
+            checks.append(replace(check, problems=(*check.problems, problem)) if problem else check)
+        anchored.append(replace(run, attestations=tuple(checks)))
+    held = [check.digest for run in runs for check in run.attestations if check.digest]
+    candidates = sorted({run.candidate for run in runs})
+    unheld = [problem for candidate in candidates
+              for problem in unheld_attestations(history, candidate, held, store=store)]
+    if unheld and anchored:
+        latest = max(range(len(anchored)), key=lambda index: anchored[index].started_ms)
+        anchored[latest] = replace(anchored[latest],
+                                   attestation_problems=(*anchored[latest].attestation_problems, *unheld))
+    return anchored

@@ -22,8 +22,18 @@ from revgate.manifests.canonical import sha256_digest
 from revgate.manifests.document import Document
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.gates import GateReport
+from revgate.registry.attestation import (
+    DECISIONS,
+    RunFacts,
+    attestation_names,
+    is_gate_report,
+    parse_statement,
+    predicate_problems,
+    statement_digest,
+)
 from revgate.registry.audit import (
     ApprovalRecord,
+    AttestationCheck,
     RunEvidence,
     SignatureAudit,
     attached,
@@ -333,20 +343,33 @@ class EvidenceLedger:
         moves = [json.loads(value) for key, value in tags.items() if key.startswith("revgate.alias-history.")]
         return sorted(moves, key=lambda move: int(move["sequence"]))
 
-    def evidence_of(self, candidate: str, trusted: TrustedKeys | None = None) -> list[RunEvidence]:
-        """Every promotion run of the revision whose fingerprint is or starts with ``candidate`` (signed approvals
-        verified with the ``trusted`` keys)."""
+    def route_of(self, candidate: str) -> str | None:
+        """The route of a promotion run of the revision ``candidate`` (or starting so); None when there is none."""
+        runs = self._runs_of(candidate, max_results=1)
+        return str(runs[0].data.tags.get("revgate.route", "")) if runs else None
+
+    def _runs_of(self, candidate: str, max_results: int = 1000) -> list[Any]:
         experiments = [e.experiment_id for e in self.client.search_experiments() if e.name.startswith("revgate/")]
         if not experiments:
             return []
         quoted = candidate.replace("'", "")
-        runs = self.client.search_runs(experiments, filter_string=f"tags.`revgate.candidate` LIKE '{quoted}%'")
-        return [self._run_evidence(run, trusted) for run in runs]
+        return list(self.client.search_runs(experiments, filter_string=f"tags.`revgate.candidate` LIKE '{quoted}%'",
+                                            max_results=max_results))
 
-    def _run_evidence(self, run: Any, trusted: TrustedKeys | None = None) -> RunEvidence:
+    def evidence_of(self, candidate: str, trusted: TrustedKeys | None = None,
+                    controller: str | None = None) -> list[RunEvidence]:
+        """Every promotion run of the revision whose fingerprint is or starts with ``candidate`` (signed approvals
+        verified with the ``trusted`` keys, release decisions with the ``controller``'s public key, PEM text)."""
+        return [self._run_evidence(run, trusted, controller) for run in self._runs_of(candidate)]
+
+    def _run_evidence(self, run: Any, trusted: TrustedKeys | None = None,
+                      controller: str | None = None) -> RunEvidence:
         tags: dict[str, str] = dict(run.data.tags)
         stored = self.evidence_files(run.info.run_id)
         approval = parse_approval(stored.get("approval"))
+        facts = run_facts(run.info.run_id, tags, stored)
+        checks = attestation_checks(stored, facts, controller)
+        required, unattested = unattested_decision(facts, checks, controller)
         return RunEvidence(
             run_id=run.info.run_id,
             route=tags.get("revgate.route", ""),
@@ -359,6 +382,7 @@ class EvidenceLedger:
             approved_report=report_for(approval, stored),
             approvals=approval_records(stored, trusted, route=tags.get("revgate.route", ""),
                                        flow_run_id=tags.get("prefect_flow_run_id", "")),
+            attestations=checks, attestation_problems=required, unattested=unattested,
         )
 
     def evidence_files(self, run_id: str) -> dict[str, bytes]:
@@ -440,3 +464,60 @@ def _trusted_signature_problem(statement: bytes, bundle: bytes, fingerprint: str
     if verified.fingerprint != fingerprint:
         return f"the run records key {fingerprint}, not the trusted {verified.fingerprint}"
     return ""
+
+
+def run_facts(run_id: str, tags: Mapping[str, str], stored: Mapping[str, bytes]) -> RunFacts:
+    """What the run holds now, hashed as stored (tagged or not): what a signed decision is checked against."""
+    reports = {}
+    for name in (name for name in stored if is_gate_report(name) and not attached(name)):
+        try:
+            reports[name] = str(json.loads(stored[name]).get("evidence_digest", ""))
+        except (ValueError, AttributeError):
+            reports[name] = ""
+    return RunFacts(run_id=run_id, route=tags.get("revgate.route", ""), candidate=tags.get("revgate.candidate", ""),
+                    flow_run_id=tags.get("prefect_flow_run_id", ""), decision=tags.get("revgate.decision", ""),
+                    stored={name: sha256_digest(data) for name, data in stored.items()}, report_evidence=reports,
+                    counted=tuple(counted_approvals(stored)))
+
+
+def attestation_checks(stored: Mapping[str, bytes], facts: RunFacts,
+                       controller: str | None) -> tuple[AttestationCheck, ...]:
+    """Each signed decision of the run, verified with the auditor's controller key and held against the run."""
+    names = attestation_names(stored)
+    return tuple(attestation_check(name, stored[name], facts, controller, final=name == names[-1]) for name in names)
+
+
+def attestation_check(name: str, envelope: bytes, facts: RunFacts, controller: str | None, *,
+                      final: bool) -> AttestationCheck:
+    """One signed decision: its signature with the trusted key (never a key found in the run), then its predicate."""
+    where = f"the release attestation evidence/{name}.json of run {facts.run_id}"
+    if controller is None:
+        return AttestationCheck(name, "", "", 0, "", (
+            f"{where} cannot be verified: no trusted controller key. Give the controller's public key with "
+            "--controller-key FILE or --site (a key found in the run proves nothing).",))
+    from revgate.registry.signing import verify_statement  # cryptography: only where a decision is audited
+
+    try:
+        verified = verify_statement(envelope.decode("utf-8", "replace"), controller, where=f"evidence/{name}.json")
+        decision = parse_statement(verified.payload, where=f"evidence/{name}.json")
+    except RevgateError as error:  # a signature that does not verify, a statement that is not a decision
+        return AttestationCheck(name, "", "", 0, "", (f"{where} does not verify with the trusted controller key: "
+                                                      f"{error.what}. {error.fix}",))
+    problems = predicate_problems(decision, facts, where=where, final=final)
+    return AttestationCheck(name, statement_digest(verified.payload), decision.decision, decision.generation,
+                            verified.fingerprint, tuple(problems), decision)
+
+
+def unattested_decision(facts: RunFacts, checks: tuple[AttestationCheck, ...],
+                        controller: str | None) -> tuple[tuple[str, ...], str]:
+    """For a decided run without a signed decision: the problem (an auditor who trusts a controller key expects
+    every decision signed), or the note that says it is the run's word only."""
+    if checks or facts.decision not in DECISIONS:
+        return (), ""
+    if controller is not None:
+        return (f"run {facts.run_id} is tagged decision {facts.decision} but holds no release attestation "
+                f"(evidence/release-attestation.json): it was deleted, or the controller signed nothing. Restore it "
+                "from a backup of the artifact store, or give the route a controller_key_file; until then the "
+                "decision is unproven.",), ""
+    return (), ("no controller key given (--controller-key FILE or --site) and the run holds no signed decision: the "
+                "decision is the run's own word")

@@ -9,6 +9,8 @@ signer from a broken signature.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import tempfile
@@ -17,11 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from model_signing import manifest as ms_manifest
 from model_signing._hashing import hashing as ms_hashing
 from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore, sign_sigstore_pb
 from model_signing._signing import signing as ms_signing
+from model_signing._signing.sign_ec_key import get_ec_key_hash
+from model_signing._signing.sign_sigstore_pb import _BUNDLE_MEDIA_TYPE, pae
+from model_signing._signing.signing import _IN_TOTO_JSON_PAYLOAD_TYPE
 from OpenSSL import crypto
 from sigstore import errors as sigstore_errors
 from sigstore import models as sigstore_models
@@ -364,3 +371,106 @@ def verify_approval(statement: bytes, bundle: str, public_key: str) -> ApprovalS
         raise SignatureInvalid("the signature is over other bytes than this approval statement",
                                where=APPROVAL_FILE, fix="Sign the approval again with `revgate approve`.")
     return ApprovalSignature(fingerprint, public_key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Release attestations: the controller's signed release decision, an in-toto statement in a DSSE envelope
+#
+# The same Sigstore bundle as an approval's signature (media type, the key named by the sha256 of its PEM,
+# an ECDSA signature over the DSSE pre-authentication encoding), but its envelope's payload is revgate's
+# own in-toto statement, not model_signing's list of files: any DSSE verifier reads it.
+
+
+@dataclass(frozen=True)
+class ControllerKey:
+    """The controller's loaded EC private key, and the fingerprint its signatures name it by."""
+
+    private_key: Any
+    fingerprint: str  # sha256:HEX of the PEM public key, as bundles hint it
+    where: str
+
+
+@dataclass(frozen=True)
+class VerifiedStatement:
+    """What a verified attestation vouches for: the statement's bytes, signed by the key ``fingerprint``."""
+
+    payload: bytes
+    fingerprint: str
+
+
+def _pem_fingerprint(public_key: Any) -> str:
+    pem = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + hashlib.sha256(pem).hexdigest()
+
+
+def load_controller_key(path: Path, *, password: str | None = None) -> ControllerKey:
+    """The controller's EC private key (P-256, P-384 or P-521) from a PEM file; SigningError when unusable."""
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password.encode() if password else None)
+    except (OSError, ValueError, TypeError) as error:
+        raise SigningError(f"cannot read the controller's signing key ({error})", where=str(path),
+                           fix="Give controller_key_file a readable PEM EC private key (P-256, P-384 or P-521), "
+                               "e.g. `openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 "
+                               "-nocrypt`.") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in _CURVES:
+        raise SigningError("the controller's signing key is not an EC key on P-256, P-384 or P-521", where=str(path),
+                           fix="Make an EC key on one of those curves; approvals are signed with the same kinds.")
+    return ControllerKey(key, _pem_fingerprint(key.public_key()), str(path))
+
+
+_CURVES = {"secp256r1", "secp384r1", "secp521r1"}
+
+
+def _ecdsa(public_key: Any) -> Any:
+    return ec.ECDSA(get_ec_key_hash(public_key))
+
+
+def sign_statement(payload: bytes, key: ControllerKey) -> str:
+    """A Sigstore bundle (JSON) whose DSSE envelope carries the in-toto statement ``payload``, signed with ``key``."""
+    signature = key.private_key.sign(pae(payload), _ecdsa(key.private_key.public_key()))
+    bundle = {
+        "mediaType": _BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": key.fingerprint.removeprefix("sha256:")}, "tlogEntries": []},
+        "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": _IN_TOTO_JSON_PAYLOAD_TYPE,
+                         "signatures": [{"sig": base64.b64encode(signature).decode(), "keyid": ""}]},
+    }
+    return json.dumps(bundle, indent=2, sort_keys=True)
+
+
+def verify_statement(bundle: str, public_key: str, *, where: str = "release attestation") -> VerifiedStatement:
+    """The in-toto statement ``bundle`` carries, once its signature verifies with ``public_key`` (PEM text).
+
+    Raises SignatureInvalid (malformed, edited, not an in-toto envelope) or UntrustedSigner (another key).
+    """
+    try:
+        key = serialization.load_pem_public_key(public_key.encode("utf-8"))
+    except ValueError as error:
+        raise SigningError(f"cannot read the controller's public key ({error})", where="--controller-key",
+                           fix="Give the controller's PEM EC public key.") from None
+    fingerprint = _pem_fingerprint(key)
+    try:
+        document = json.loads(bundle)
+        envelope = document["dsseEnvelope"]
+        hint = document["verificationMaterial"]["publicKey"].get("hint", "")
+        payload = base64.b64decode(envelope["payload"], validate=True)
+        signature = base64.b64decode(envelope["signatures"][0]["sig"], validate=True)
+        payload_type = envelope["payloadType"]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, binascii.Error) as error:
+        raise SignatureInvalid(f"the attestation is not a DSSE bundle ({type(error).__name__}: {error})",
+                               where=where, fix="Obtain the original attestation; this one was edited.") from None
+    if payload_type != _IN_TOTO_JSON_PAYLOAD_TYPE:
+        raise SignatureInvalid(f"the attestation's payload type is {payload_type!r}, not an in-toto statement",
+                               where=where, fix="Obtain the original attestation; this one was edited.")
+    if hint and f"sha256:{hint}" != fingerprint:
+        raise UntrustedSigner(f"the attestation was signed with key sha256:{hint}, not the trusted controller key "
+                              f"{fingerprint}", where=where,
+                              fix="Check that you gave the controller's public key; never trust a key found in "
+                                  "the run.")
+    try:
+        key.verify(signature, pae(payload), _ecdsa(key))  # type: ignore[union-attr, call-arg]
+    except (InvalidSignature, TypeError, AttributeError) as error:
+        raise SignatureInvalid(f"the attestation's signature does not verify with the controller key {fingerprint} "
+                               f"({type(error).__name__})", where=where,
+                               fix="The statement or its signature was changed after signing; the decision is "
+                                   "unproven.") from None
+    return VerifiedStatement(payload, fingerprint)

@@ -69,6 +69,7 @@ DEMO = "tests/integration/test_promotion_demo.py"
 STATUS = "tests/integration/test_status.py"
 MAKE = "tests/unit/test_docs_commands.py::test_the_make_targets_the_docs_name_exist_and_run_revgate"
 SIGNED_APPROVAL = "tests/integration/test_signed_approval.py"
+ATTESTATION = "tests/integration/test_release_attestation.py"
 PACKAGING = "tests/integration/test_packaging.py"
 LIGHT_HOSTS = (f"{PACKAGING}::test_a_router_and_a_worker_agent_serve_from_their_light_environments",
                f"{PACKAGING}::test_the_light_hosts_carry_no_control_plane_and_the_control_host_no_zoo")
@@ -183,6 +184,11 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     "revgate evidence sha256:2222 --tracking-uri sqlite:///.cache/demo/mlflow.db --routes .cache/demo/routes": (
         "tests/integration/test_registry_follows_route.py::"
         "test_a_rollback_moves_the_stable_alias_and_both_version_pages_say_where_they_stand",),
+    "revgate evidence sha256:2222 --tracking-uri sqlite:///.cache/demo/mlflow.db --routes .cache/demo/routes "
+    "--controller-key .cache/demo/keys/controller.pub --approver-key alice=keys/alice.pub": (
+        f"{ATTESTATION}::test_the_promotion_signs_its_decision_and_the_route_records_it",),
+    "revgate evidence sha256:2222 --tracking-uri sqlite:///.cache/demo/mlflow.db --site revgate-site.json": (
+        "tests/unit/test_site.py::test_an_auditor_trusts_the_sites_approver_keys_and_its_own_first",),
 }
 
 # Commands of a kind covered by the same tests, whatever their arguments: `revgate approve` (approving and
