@@ -113,7 +113,6 @@ def run_replay(args: argparse.Namespace) -> int:
     from revgate.evaluation.evidence import write_records
     from revgate.evaluation.replay import replay
     from revgate.evaluation.traces import read_trace
-
     from revgate.serving.token_file import load_token
 
     credential = load_token(args.credential_file, what="credential", flag="--credential-file") \

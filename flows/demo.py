@@ -150,7 +150,7 @@ USER_RATE = 0.5  # users' requests per second in the background (what one replic
 
 @contextmanager
 def user_traffic(router_url: str, folder: Path, rate: float = USER_RATE,
-                 mix: Mapping[str, float] | None = None, seconds: float = 3600,
+                 mix: Mapping[str, float] | None = None, seconds: float = 3600, *,
                  gateway: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """Users' traffic through the router from another process, open-loop, for as long as the block runs.
 

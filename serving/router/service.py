@@ -32,7 +32,12 @@ from revgate.serving.router.ids import RequestIds, bad_id, caller_text
 from revgate.serving.router.limits import MIB, Limits, Watchdog
 from revgate.serving.router.metrics import RouterMetrics
 from revgate.serving.router.parse import (
-    Usage, drop_evidence_metadata, output_text, parse_body, rewrite_model, usage_of,
+    Usage,
+    drop_evidence_metadata,
+    output_text,
+    parse_body,
+    rewrite_model,
+    usage_of,
 )
 from revgate.serving.router.records import JsonLinesWriter
 from revgate.serving.router.relay import Relay
@@ -566,7 +571,8 @@ class Router:
         if body and (call.stripped or target.served_model is not None):
             body = rewrite_model(body, target.served_model, call.document, changed=call.stripped)
         call.target, call.body, call.labels = target, body, target.labels
-        call.headers = (target.headers if call.revealed else b"") + b"x-request-id: " + call.request_id.encode() + b"\r\n"
+        shown = target.headers if call.revealed else b""
+        call.headers = shown + b"x-request-id: " + call.request_id.encode() + b"\r\n"
 
     # --- outcomes --------------------------------------------------------------------------
     # Every request ends in one of three places, whichever path served it (pooled callbacks or the

@@ -14,8 +14,8 @@ from revgate.evaluation.replay import request_headers
 from revgate.evaluation.traces import TraceEntry
 from revgate.flows.evidence import own_traffic, probe_labels
 from revgate.manifests.errors import ManifestInvalid
-from revgate.manifests.route import RouteSnapshot
 from revgate.manifests.rollout import RolloutPlan, SetWeight
+from revgate.manifests.route import RouteSnapshot
 from revgate.promotion.machine import Abort, advance, start
 from revgate.promotion.routes import RolloutKeys, desired_route, renew_leases
 from revgate.rollback.plan import plan_rollback

@@ -152,7 +152,7 @@ def test_a_forged_higher_attempt_cannot_replace_a_real_record_nor_hold_the_stage
     assert records.by_id["c0"].attempt == 1 and records.by_id["c1"].output_text == "3"  # the real records
     assert not records.lost and len(records.refused) == 3
     assert any(forged in item and "does not match" in item for item in records.refused)
-    arms = records.canary(STABLE, CANDIDATE, probe_labels(*(f"u-{arm}{i}" for arm in "sc" for i in range(40))))
+    arms = records.canary(STABLE, CANDIDATE, probe_labels(*(f"{arm}{i}" for arm in "sc" for i in range(40))))
     shown = with_provenance(passing_report(arms), arms, records.refused)
     assert shown.outcome == "pass"  # a forged object is reported, and holds no rollout
     assert sum(note.startswith("refused as evidence: forged") for note in shown.notes) == 3
