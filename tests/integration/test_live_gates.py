@@ -247,4 +247,7 @@ def test_a_hostile_tenant_cannot_fail_a_good_canary(live: Estate, tmp_path: Path
     assert counts["stable_probes"] == counts["candidate_probes"] == 0, counts  # its "probe" class was ignored
     errors, callers = gate(ended.report, "errors"), gate(ended.report, "caller-outcomes")
     assert errors["outcome"] == "pass" and callers["outcome"] == "pass", (errors, callers)
-    print("hostile tenant:", sent, errors["numbers"], callers["numbers"])
+    # Its requests are the callers' on both arms (counted there), and none is the candidate's own failure.
+    theirs = {arm: int(callers["numbers"][f"{arm}_samples"]) - int(errors["numbers"][f"{arm}_samples"])
+              for arm in ("candidate", "stable")}
+    assert theirs["candidate"] >= 1 and theirs["stable"] >= 1 and sum(theirs.values()) <= len(sent), (theirs, sent)
