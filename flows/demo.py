@@ -35,7 +35,7 @@ from revgate.manifests.gates import GatePolicy
 from revgate.manifests.revision import ExecutionConfig, InterfacePolicy, ServiceRevision
 from revgate.manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
-from revgate.manifests.route_change import successor
+from revgate.manifests.route_change import serving_limits, successor
 from revgate.manifests.worker import WarmProfile
 from revgate.registry.build import build_manifest
 from revgate.registry.record_signing import new_key_pair
@@ -304,7 +304,8 @@ class DemoSession:
         """The route target of stable's replica."""
         assert self.stable_view is not None, "start_stable first"
         return RevisionTarget(fingerprint=self.stable.fingerprint, endpoints=(str(self.stable_view["endpoint"]),),
-                              served_model=str(self.stable_view["served_model"]))
+                              served_model=str(self.stable_view["served_model"]),
+                              limits=serving_limits(self.stable.interface))
 
     def spec(self, candidate: str, approval: str) -> PromotionSpec:
         """The promotion of ``candidate`` against the route's stable, with the demo's plan and gate policy."""

@@ -19,6 +19,7 @@ from revgate.flows.spec import PromotionSpec
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.revision import ServiceRevision
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route_change import serving_limits
 from revgate.promotion.capacity import (
     CapacityCheck,
     check_capacity,
@@ -195,9 +196,10 @@ def isolated_check(endpoint: str, model: str) -> dict[str, float]:
 
 
 def candidate_target(views: list[dict[str, Any]], revision: ServiceRevision) -> RevisionTarget:
-    """The route target for the candidate's ready replica views: every one of their endpoints."""
+    """The route target for the candidate's ready replica views: every one of their endpoints, and the limits
+    of its interface policy, which the routers enforce."""
     return RevisionTarget(fingerprint=revision.fingerprint, endpoints=tuple(str(view["endpoint"]) for view in views),
-                          served_model=str(views[0]["served_model"]))
+                          served_model=str(views[0]["served_model"]), limits=serving_limits(revision.interface))
 
 
 def router_admin(admin_url: str, token_file: str, path: str, method: str = "GET",

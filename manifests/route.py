@@ -63,12 +63,26 @@ def _aware(value: datetime, name: str) -> datetime:
     return value
 
 
+class ServingLimits(Document):
+    """The pinned revision's interface policy, as every router enforces it on the requests that revision serves.
+
+    Written by the flow from the revision's ``InterfacePolicy`` (part of its fingerprint): the limits a
+    revision was gated under are the limits it serves under, whatever the route's own defaults say.
+    """
+
+    max_output_tokens: int = Field(ge=1)  # a request asking for more (or, on chat, for no limit) gets this many
+    request_timeout_ms: int = Field(ge=1, le=3_600_000)  # the deadline, when shorter than the route's
+    max_retries: int = Field(ge=0, le=5)  # attempts after the first on this revision's replicas
+    side_effecting_tools: tuple[str, ...] = ()  # never mirrored to a shadow; empty: no request with tools is
+
+
 class RevisionTarget(Document):
     """A service revision and the endpoints (replicas) that serve it."""
 
     fingerprint: str
     endpoints: tuple[str, ...] = Field(min_length=1)
     served_model: str | None = None  # when set, the router rewrites the request's "model" to it
+    limits: ServingLimits | None = None  # the revision's interface policy; None: the route's defaults alone
 
     @field_validator("fingerprint")
     @classmethod

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from revgate.manifests.route import CanaryTarget, RevisionTarget, RouteSnapshot, ShadowTarget
+from revgate.manifests.revision import InterfacePolicy
+from revgate.manifests.route import ALL_TOOLS, CanaryTarget, RevisionTarget, RouteSnapshot, ServingLimits, ShadowTarget
 
 
 def successor(current: RouteSnapshot, *, by: str, now: datetime, **changes: Any) -> RouteSnapshot:
@@ -23,8 +24,15 @@ def successor(current: RouteSnapshot, *, by: str, now: datetime, **changes: Any)
 
 
 def as_target(target: RevisionTarget) -> dict[str, Any]:
-    """The plain revision-and-endpoints part of any target, for building another kind of target."""
-    return {"fingerprint": target.fingerprint, "endpoints": target.endpoints, "served_model": target.served_model}
+    """The plain revision-and-endpoints part of any target (with its limits), for building another kind of target."""
+    return {"fingerprint": target.fingerprint, "endpoints": target.endpoints, "served_model": target.served_model,
+            "limits": target.limits}
+
+
+def serving_limits(interface: InterfacePolicy) -> ServingLimits:
+    """What the router enforces of a revision's interface policy."""
+    return ServingLimits(max_output_tokens=interface.max_output_tokens, request_timeout_ms=interface.request_timeout_ms,
+                         max_retries=interface.max_retries, side_effecting_tools=interface.side_effecting_tools)
 
 
 def canary(target: RevisionTarget, weight_ppm: int, now: datetime, lease_seconds: int) -> CanaryTarget:
@@ -36,7 +44,11 @@ def canary(target: RevisionTarget, weight_ppm: int, now: datetime, lease_seconds
 def mirror(target: RevisionTarget, sample_ppm: int, now: datetime, lease_seconds: int) -> ShadowTarget:
     """``target`` receiving a ``sample_ppm`` mirror of traffic, leased for ``lease_seconds``."""
     lease = now + timedelta(seconds=lease_seconds)
-    return ShadowTarget.build(**as_target(target), sample_ppm=sample_ppm, lease_expires_at=lease)
+    # The revision's own list of side-effecting tools, when it names one: requests calling any other tool
+    # may then be mirrored. With none named, no request that declares tools is (it may have effects).
+    named = target.limits.side_effecting_tools if target.limits is not None else ()
+    return ShadowTarget.build(**as_target(target), sample_ppm=sample_ppm, lease_expires_at=lease,
+                              side_effecting_tools=named or (ALL_TOOLS,))
 
 
 def same_traffic(a: RouteSnapshot, b: RouteSnapshot) -> bool:

@@ -122,3 +122,27 @@ def drop_evidence_metadata(document: Any) -> bool:
     if ours and not metadata:
         del document["metadata"]
     return bool(ours)
+
+
+_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def cap_output_tokens(document: Any, cap: int, *, chat: bool) -> bool:
+    """Hold the request to the revision's ``max_output_tokens``: a larger ask is lowered to ``cap``, and a
+    chat request that names no limit (which an engine reads as "up to the context") gets ``cap``.
+
+    True when the document changed (the body must then be written again). A completion without
+    ``max_tokens`` is left alone: the API's default there is 16 tokens.
+    """
+    if not isinstance(document, dict):
+        return False
+    changed = False
+    for name in _TOKEN_FIELDS:
+        value = document.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            document[name] = cap
+            changed = True
+    if chat and not any(document.get(name) is not None for name in _TOKEN_FIELDS):
+        document["max_tokens"] = cap
+        changed = True
+    return changed

@@ -33,6 +33,7 @@ from revgate.serving.router.limits import MIB, Limits, Watchdog
 from revgate.serving.router.metrics import RouterMetrics
 from revgate.serving.router.parse import (
     Usage,
+    cap_output_tokens,
     drop_evidence_metadata,
     output_text,
     parse_body,
@@ -156,6 +157,12 @@ def _tpot_s(record: dict[str, Any]) -> float | None:
     if first is None or last is None or not tokens or tokens < 2:
         return None
     return float((last - first) / (tokens - 1))
+
+
+def _retries(call: Call) -> int:
+    """Attempts after the first: the serving revision's interface policy, else the route's."""
+    retries = call.target.max_retries
+    return call.route.max_retries if retries is None else retries
 
 
 def _release(call: Call) -> None:
@@ -391,6 +398,8 @@ class Router:
         trusted = route.trusts(headers.get(b"x-revgate-credential"))
         declared = _declared(headers, document) if trusted else {}
         stripped = drop_evidence_metadata(document)
+        if target.max_output_tokens is not None and path != b"/v1/models":
+            stripped |= cap_output_tokens(document, target.max_output_tokens, chat=path == b"/v1/chat/completions")
         if body and (stripped or target.served_model is not None):
             body = rewrite_model(body, target.served_model, document, changed=stripped)
         revealed = trusted or route.reveal
@@ -408,7 +417,7 @@ class Router:
         self.metrics.in_flight[call.labels] += 1
         caller = call.caller
         call.attempts, call.endpoint, call.connection, call.first = 1, call.target.urls[first], connection, first
-        relay = Relay(caller, call.headers, call.request.keep_alive, call.route.max_retries > 0,
+        relay = Relay(caller, call.headers, call.request.keep_alive, _retries(call) > 0,
                       on_settled=self._pooled_settled, context=call)
         call.relay = relay
         call.timer = self._loop.call_at(call.deadline, self._pooled_expired, call)
@@ -472,8 +481,11 @@ class Router:
 
     @staticmethod
     def _timeout_s(call: Call) -> float:
-        """The route's deadline, or the caller's shorter one (``x-revgate-timeout-ms``, checked at entry)."""
+        """The route's deadline (or the revision's, when its interface policy says shorter), or the caller's
+        shorter one (``x-revgate-timeout-ms``, checked at entry)."""
         limit = call.route.timeout_s
+        if call.target.timeout_s is not None and call.target.timeout_s < limit:
+            limit = call.target.timeout_s
         header = call.request.headers.get(b"x-revgate-timeout-ms")
         if header and int(header) / 1000 < limit:
             limit, call.callers_deadline = int(header) / 1000, True
@@ -482,7 +494,7 @@ class Router:
     async def _attempts(self, call: Call, first: int, settled: Relay | None) -> None:
         """Attempts in retry order; ``settled`` is the first attempt's relay when it already ran."""
         order = self._live_first(call.target, retry_order(call.target, call.route.failure_domains, first))
-        plan = [order[step % len(order)] for step in range(call.route.max_retries + 1)]
+        plan = [order[step % len(order)] for step in range(_retries(call) + 1)]
         number = 0
         while number < len(plan):
             index = plan[number]
@@ -503,7 +515,7 @@ class Router:
                 self._retarget(call, self._fallback(call.route))
                 stable = call.target
                 order = self._live_first(stable, list(range(len(stable.endpoints))))
-                plan += [order[step % len(order)] for step in range(call.route.max_retries + 1)]
+                plan += [order[step % len(order)] for step in range(_retries(call) + 1)]
         message = str(call.relay.error) if call.relay and call.relay.error else "upstream unavailable"
         self._fail(call, "error", 502, message)
 
@@ -568,6 +580,9 @@ class Router:
     def _retarget(self, call: Call, target: Target) -> None:
         """Move a call that nothing has answered yet to ``target`` (its model name, headers and labels)."""
         body = call.request.body
+        if target.max_output_tokens is not None and call.path != b"/v1/models":
+            call.stripped |= cap_output_tokens(call.document, target.max_output_tokens,
+                                               chat=call.path == b"/v1/chat/completions")
         if body and (call.stripped or target.served_model is not None):
             body = rewrite_model(body, target.served_model, call.document, changed=call.stripped)
         call.target, call.body, call.labels = target, body, target.labels

@@ -57,6 +57,10 @@ class Target:
     headers: bytes  # "x-revgate-revision: ...\r\nx-revgate-generation: ...\r\nx-revgate-arm: ...\r\n"
     short: str
     labels: Labels = ()  # metric labels: route and revision
+    # The revision's interface policy (None: the route's values): output tokens, deadline, retries.
+    max_output_tokens: int | None = None
+    timeout_s: float | None = None
+    max_retries: int | None = None
     outcome_labels: dict[str, Labels] = field(default_factory=dict, compare=False, hash=False)  # + arm, outcome
 
 
@@ -121,6 +125,7 @@ def _target(arm: str, target: RevisionTarget, route: str, generation: int) -> Ta
         f"x-revgate-revision: {target.fingerprint}\r\nx-revgate-generation: {generation}\r\n"
         f"x-revgate-arm: {arm}\r\n"
     ).encode()
+    limits = target.limits
     return Target(
         arm=arm,
         fingerprint=target.fingerprint,
@@ -131,6 +136,9 @@ def _target(arm: str, target: RevisionTarget, route: str, generation: int) -> Ta
         short=target.short,
         labels=labels,
         outcome_labels={outcome: (*labels, ("arm", arm), ("outcome", outcome)) for outcome in OUTCOMES},
+        max_output_tokens=None if limits is None else limits.max_output_tokens,
+        timeout_s=None if limits is None else limits.request_timeout_ms / 1000,
+        max_retries=None if limits is None else limits.max_retries,
     )
 
 

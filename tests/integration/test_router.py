@@ -370,3 +370,35 @@ def test_callers_pick_neither_their_arm_nor_their_evidence(router: RouterProcess
     asked = [seen for name in ("a1", "b1") for seen in farm[name].seen[seen_before[name]:]]
     assert len(asked) == 2 and all(item["body"]["metadata"] == {"app": "mail"} for item in asked)
     assert not any(key.startswith("x-revgate") for item in asked for key in item["headers"])
+
+
+def test_the_revisions_interface_policy_is_what_the_router_enforces(router: RouterProcess, farm: UpstreamFarm) -> None:
+    """The defect: InterfacePolicy (output token cap, timeout, retries) was fingerprinted, never enforced."""
+    from revgate.manifests.route import RouteSnapshot
+
+    limits = {"max_output_tokens": 3, "request_timeout_ms": 1_500, "max_retries": 0}
+
+    def make(generation: int) -> RouteSnapshot:
+        plain = snapshot(ROUTE, generation, [farm["a1"]]).model_dump(mode="json")
+        return RouteSnapshot.build(**{**plain, "stable": {**plain["stable"], "limits": limits}})
+
+    router.commit(make)
+    upstream = farm["a1"]
+    before = len(upstream.seen)
+    chat = {"model": ROUTE, "messages": [{"role": "user", "content": "hi"}]}
+    asked_more = httpx.post(f"{router.url}/v1/chat/completions", json={**chat, "max_tokens": 50}, timeout=10)
+    unbounded = httpx.post(f"{router.url}/v1/chat/completions", json=chat, timeout=10)
+    assert asked_more.status_code == unbounded.status_code == 200
+    assert [seen["body"]["max_tokens"] for seen in upstream.seen[before:]] == [3, 3]
+    assert asked_more.json()["usage"]["completion_tokens"] == 3
+
+    # The revision's deadline (1.5 s), not the route's (60 s): a slow answer is cut at the revision's.
+    slow = httpx.post(f"{router.url}/v1/completions", timeout=30,
+                      json={"model": ROUTE, "prompt": "hi", "max_tokens": 3, "user": "delay-ms:2000"})
+    assert slow.status_code == 504, slow.text
+
+    # No retry on this revision: the replica's refusal reaches the caller (the route alone would retry).
+    upstream.fail_next = 1
+    refused = complete(router)
+    assert refused.status_code == 503, refused.text
+    assert complete(router).status_code == 200
