@@ -67,6 +67,12 @@ def _set_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lease-s", type=int, default=3600, help="candidate and shadow lease, seconds from now")
     parser.add_argument("--expect-generation", type=int, help="fail unless the store is at this generation")
     parser.add_argument("--created-by", required=True, help="who makes this change (audit trail)")
+    parser.add_argument("--trusted-source-file", type=Path, action="append", default=None,
+                        help="a gateway's credential file: requests carrying it (x-revgate-credential) may declare "
+                             "their evidence labels; repeat for more; replaces the route's list")
+    parser.add_argument("--no-trusted-sources", action="store_true", help="trust no gateway's labels")
+    parser.add_argument("--reveal-revision", choices=("on", "off"),
+                        help="whether every caller's answer names its revision and arm (default: keep; new: off)")
 
 
 def _router_args(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +168,7 @@ def proposed_snapshot(args: argparse.Namespace, current: RouteSnapshot | None, n
             "endpoints": _endpoints(args.stable_endpoints, stable.endpoints if stable and not args.stable else None,
                                     "--stable-endpoints"),
             "served_model": args.stable_model or (stable.served_model if stable and not args.stable else None),
+            "limits": stable.limits.model_dump(mode="json") if stable and stable.limits and not args.stable else None,
         },
         "created_by": args.created_by,
         "created_at": now.isoformat(),
@@ -182,8 +189,19 @@ def proposed_snapshot(args: argparse.Namespace, current: RouteSnapshot | None, n
         if args.shadow is None and current.shadow is not None:
             fields["shadow"] = current.shadow.model_dump(mode="json")
         fields.update(failure_domains=current.failure_domains, request_timeout_ms=current.request_timeout_ms,
-                      max_retries=current.max_retries)
+                      max_retries=current.max_retries, trusted_sources=current.trusted_sources,
+                      reveal_revision=current.reveal_revision)
+        if fields.get("candidate") or fields.get("shadow"):
+            fields.update(cohort_secret=current.cohort_secret, probe_credential=current.probe_credential)
+    if args.trusted_source_file or args.no_trusted_sources:
+        from revgate.serving.token_file import credential_digest
+
+        fields["trusted_sources"] = [credential_digest(path, flag="--trusted-source-file")
+                                     for path in args.trusted_source_file or ()]
+    if args.reveal_revision is not None:
+        fields["reveal_revision"] = args.reveal_revision == "on"
     return RouteSnapshot.build(**fields)
+
 
 
 def _set(args: argparse.Namespace) -> int:

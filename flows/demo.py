@@ -7,7 +7,6 @@ runs ``promote_revision`` for the candidate through shadow and canary stages to 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -43,7 +42,7 @@ from revgate.registry.route_store import open_route_store
 from revgate.registry.runtime import engine_runtime
 from revgate.registry.signing import sign_with_key
 from revgate.registry.store import open_store
-from revgate.serving.token_file import load_token, write_token
+from revgate.serving.token_file import credential_digest, write_token
 from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 
@@ -182,11 +181,6 @@ def gateway_credential(folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         write_token(path, secrets.token_urlsafe(32))
     return path
-
-
-def credential_digest(path: Path) -> str:
-    """``sha256:<hex>`` of a credential file's credential, as a route's ``trusted_sources`` name it."""
-    return "sha256:" + hashlib.sha256(load_token(path, what="credential").encode()).hexdigest()
 
 
 def route_stable(routes: str, target: RevisionTarget, gateway: Path | None = None) -> RouteSnapshot:

@@ -6,6 +6,7 @@ parts, because the router and the worker do not import each other.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import stat
@@ -40,6 +41,12 @@ def load_token(
             fix="Write a random token, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.",
         )
     return token
+
+
+def credential_digest(path: Path, *, flag: str = "--credential-file") -> str:
+    """``sha256:<hex>`` of a credential file's credential, as a route names it: never the credential itself."""
+    token = load_token(path, what="credential", flag=flag)
+    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def write_token(path: Path, token: str) -> None:

@@ -30,13 +30,14 @@ from revgate.evaluation import metrics
 from revgate.evaluation.reference_task import TASK_SLICES
 from revgate.evaluation.replay import replay
 from revgate.evaluation.traces import generate_trace
-from revgate.flows.demo import EXECUTION, credential_digest, gateway_credential, user_traffic
+from revgate.flows.demo import EXECUTION, gateway_credential, user_traffic
 from revgate.flows.processes import router
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.gates import GatePolicy
 from revgate.manifests.rollout import Analyze, Bake, RolloutPlan, SetWeight, Shadow
 from revgate.manifests.route import RouteSnapshot
 from revgate.registry.route_store import open_route_store
+from revgate.serving.token_file import credential_digest
 from tests.integration.gate_reports import evidence_counts, gate, last_report
 from tests.integration.judge_server import judge_server, reference_task_judge
 from tests.integration.rollout_estate import WARM, Estate, estate

@@ -402,3 +402,32 @@ def test_the_revisions_interface_policy_is_what_the_router_enforces(router: Rout
     refused = complete(router)
     assert refused.status_code == 503, refused.text
     assert complete(router).status_code == 200
+
+
+def test_an_operator_names_a_trusted_gateway_with_route_set(router: RouterProcess, farm: UpstreamFarm,
+                                                           tmp_path: Path) -> None:
+    import os
+
+    router.commit(stable_a(farm))
+    gateway = tmp_path / "gateway-credential"
+    gateway.write_text("the-gateway-in-fronts-credential\n")
+    os.chmod(gateway, 0o644)
+    command = [sys.executable, "-m", "revgate.cli.main", "route", "set", "--routes", str(router.store.root),
+               "--route", ROUTE, "--created-by", "ops", "--trusted-source-file", str(gateway),
+               "--reveal-revision", "off"]
+    before = router.store.read(ROUTE)
+    refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and "readable by other users" in refused.stderr, refused.stderr
+    assert router.store.read(ROUTE) == before  # nothing written
+    os.chmod(gateway, 0o600)
+    subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    written = router.store.read(ROUTE)
+    assert written is not None and len(written.trusted_sources) == 1 and not written.reveal_revision
+    assert "the-gateway" not in written.model_dump_json()  # the store holds the digest alone
+    router.notify()
+    labelled = complete(router, **{"x-request-id": "gw-1", "x-revgate-credential": "the-gateway-in-fronts-credential",
+                                   "x-revgate-task": "sql"})
+    plain = complete(router, **{"x-request-id": "plain-1", "x-revgate-task": "sql"})
+    assert "x-revgate-revision" in labelled.headers and "x-revgate-revision" not in plain.headers
+    assert records(router, "gw-1", 1)[0].slices == {"task": "sql"}
+    assert records(router, "plain-1", 1)[0].slices == {}
