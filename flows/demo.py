@@ -196,7 +196,7 @@ def route_stable(routes: str, target: RevisionTarget, gateway: Path | None = Non
                                  trusted_sources=trusted)
     else:
         snapshot = successor(current, by="revgate demo", now=now, stable=target, candidate=None, shadow=None,
-                             failure_domains={}, trusted_sources=trusted)
+                             failure_domains={}, trusted_sources=trusted, cohort_secret="", probe_credential="")
     store.write(snapshot)
     return snapshot
 
