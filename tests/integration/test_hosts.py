@@ -261,9 +261,9 @@ class Edge:
 
 
 @contextmanager
-def edge_router(edge: Host, plane: Plane, control: Host) -> Iterator[Edge]:
+def edge_router(edge: Host, plane: Plane) -> Iterator[Edge]:
     """``revgate router`` on ``edge``: the route from the store's S3, its records to the S3 sink signed with
-    a key made on the edge; control holds a copy of its admin token and its public key."""
+    a key made on the edge; control learns its admin token and its public key (the private key stays)."""
     made = edge.run([sys.executable, "-m", "revgate.cli.main", "router-key", "router.key"])
     assert made.returncode == 0, made.stderr
     signer = PEM_BLOCK.search(made.stdout)
@@ -288,7 +288,7 @@ def test_an_edge_cut_from_the_store_serves_its_snapshot_and_catches_up_when_heal
     control, store, cut_edge = hosts["control"], hosts["store"], hosts["edge-1"]
     with control.network():
         plane.route_store.write(generation_of(plane, 1))
-        with edge_router(cut_edge, plane, control) as one, edge_router(hosts["edge-2"], plane, control) as two:
+        with edge_router(cut_edge, plane) as one, edge_router(hosts["edge-2"], plane) as two:
             traffic = {one.name: OpenLoop(one.public, rate=4.0), two.name: OpenLoop(two.public, rate=4.0)}
             with traffic[one.name].running(), traffic[two.name].running():
                 for name, loop in traffic.items():
