@@ -1,6 +1,9 @@
-"""Long-running local services of the embedded default: Prefect server, worker agent, router, MLflow UI.
+"""Long-running services of the embedded default: Prefect server, worker agent, router, MLflow UI.
 
-Each is a real server process started here and stopped on exit; nothing is faked.
+Each is a real server process started here and stopped on exit; nothing is faked. By default each
+runs on this host, on 127.0.0.1, with this process's environment; a :class:`Placement` runs it
+elsewhere the way an operator would: under a command prefix (``ssh HOST``, ``systemd-run``, ``ip
+netns exec NS``), bound to that host's address, with that host's environment and folder.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,24 @@ from revgate.serving.worker.engine import free_port
 
 class ServiceFailed(RevgateError):
     """A local service did not come up."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a service runs: the command prefix that reaches its host, the address it binds and is
+    reached at, the environment it starts with (None: this process's) and its working folder."""
+
+    launcher: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    environ: Mapping[str, str] | None = None
+    cwd: Path | None = None
+
+    def url(self, port: int) -> str:
+        """``http://HOST:PORT`` of a service placed here."""
+        return f"http://{self.host}:{port}"
+
+
+LOCAL = Placement()
 
 
 def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -45,12 +67,17 @@ def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes], log:
 
 @contextmanager
 def service(
-    argv: Sequence[str], health_url: str, log: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 120
+    argv: Sequence[str], health_url: str, log: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 120,
+    at: Placement = LOCAL,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``argv`` until the block ends; SIGTERM, then SIGKILL after 10 s."""
+    """Run ``argv`` (under ``at``'s launcher) until the block ends; SIGTERM, then SIGKILL after 10 s.
+
+    Readiness is asked from here, as any client of the service would reach it."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    base = os.environ if at.environ is None else at.environ
     with log.open("ab") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        process = subprocess.Popen([*at.launcher, *argv], stdout=sink, stderr=subprocess.STDOUT,
+                                   env={**base, **(env or {})}, cwd=at.cwd)
     try:
         wait_http(health_url, timeout_s, process, log)
         yield process
@@ -58,11 +85,11 @@ def service(
         stop(process)
 
 
-def prefect_env(home: Path, port: int) -> dict[str, str]:
-    """Settings for a local Prefect server and for the processes that talk to it."""
+def prefect_env(home: Path, port: int, host: str = "127.0.0.1") -> dict[str, str]:
+    """Settings for a Prefect server and for the processes that talk to it."""
     return {
         "PREFECT_HOME": str(home),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_API_URL": f"http://{host}:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "PREFECT_LOGGING_LEVEL": "INFO",
@@ -85,7 +112,7 @@ def basic_auth_file(path: Path, user: str = "revgate") -> str:
 
 
 @contextmanager
-def prefect_server(home: Path, auth_file: Path | None = None) -> Iterator[dict[str, str]]:
+def prefect_server(home: Path, auth_file: Path | None = None, *, at: Placement = LOCAL) -> Iterator[dict[str, str]]:
     """A ``prefect server start`` on a free port; yields the environment that points at it.
 
     With ``auth_file`` the server asks every API call and the UI for the basic-auth string kept
@@ -93,16 +120,16 @@ def prefect_server(home: Path, auth_file: Path | None = None) -> Iterator[dict[s
     (``PREFECT_API_AUTH_STRING``): start every Prefect client with that environment.
     """
     port = free_port()
-    env = prefect_env(home, port)
+    env = prefect_env(home, port, at.host)
     server_env = dict(env)
     if auth_file is not None:
         auth = basic_auth_file(auth_file)
         env["PREFECT_API_AUTH_STRING"] = auth
         # The server's own services call its API too, so it carries the client setting as well.
         server_env |= {"PREFECT_API_AUTH_STRING": auth, "PREFECT_SERVER_API_AUTH_STRING": auth}
-    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", at.host, "--port", str(port)]
     # /api/health answers without the auth string, so readiness is checked the same way either way.
-    with service(argv, f"http://127.0.0.1:{port}/api/health", home / "server.log", env=server_env, timeout_s=180):
+    with service(argv, f"{at.url(port)}/api/health", home / "server.log", env=server_env, timeout_s=180, at=at):
         yield env
 
 
@@ -116,20 +143,21 @@ def token_file(path: Path) -> Path:
 
 
 @contextmanager
-def worker_agent(cache: Path, token: Path) -> Iterator[str]:
-    """A ``revgate worker`` on a free port; yields its URL."""
+def worker_agent(cache: Path, token: Path, *, at: Placement = LOCAL) -> Iterator[str]:
+    """A ``revgate worker`` on a free port (its control API and replica proxies on ``at.host``); yields its URL."""
     port = free_port()
     argv = [sys.executable, "-m", "revgate.cli.main", "worker", "--port", str(port), "--cache", str(cache),
             "--token-file", str(token)]
-    with service(argv, f"http://127.0.0.1:{port}/healthz", cache / "worker.log"):
-        yield f"http://127.0.0.1:{port}"
+    argv += ["--host", at.host] if at.host != LOCAL.host else []
+    with service(argv, f"{at.url(port)}/healthz", cache / "worker.log", at=at):
+        yield at.url(port)
 
 
 @contextmanager
 def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = "", router_id: str = "",
-           records_key: Path | None = None) -> Iterator[tuple[str, str]]:
+           records_key: Path | None = None, at: Placement = LOCAL) -> Iterator[tuple[str, str]]:
     """A ``revgate router`` for ``route``, writing to the record sink ``sink`` if given (as ``router_id``, its
-    objects signed with ``records_key`` if given); its public and admin URLs."""
+    objects signed with ``records_key`` if given); its public and admin URLs (both on ``at.host``)."""
     port, admin = free_port(), free_port()
     argv = [sys.executable, "-m", "revgate.cli.main",
             "router", "--routes", routes, "--route", route, "--port", str(port),
@@ -138,8 +166,9 @@ def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = ""
     if sink:
         argv += ["--records-sink", sink, "--router-id", router_id or f"{route}-{port}"]
         argv += ["--records-key", str(records_key)] if records_key is not None else []
-    with service(argv, f"http://127.0.0.1:{port}/health", folder / "router.log"):
-        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+    argv += ["--host", at.host, "--admin-host", at.host] if at.host != LOCAL.host else []
+    with service(argv, f"{at.url(port)}/health", folder / "router.log", at=at):
+        yield at.url(port), at.url(admin)
 
 
 def stop(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
@@ -154,14 +183,16 @@ def stop(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
 
 
 @contextmanager
-def mlflow_ui(tracking_uri: str, log: Path) -> Iterator[str]:
+def mlflow_ui(tracking_uri: str, log: Path, *, at: Placement = LOCAL) -> Iterator[str]:
     """``mlflow server`` over the tracking store (the UI at ``/``), for as long as the block runs; its URL."""
     port = free_port()
-    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri, "--host", at.host,
             "--port", str(port), "--workers", "1"]
+    # MLflow answers only Host headers naming localhost unless told which others are this server's.
+    argv += ["--allowed-hosts", f"{at.host}:{port},{at.host}"] if at.host != LOCAL.host else []
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with service(argv, f"http://127.0.0.1:{port}/health", log, env=env, timeout_s=180):
-        yield f"http://127.0.0.1:{port}"
+    with service(argv, f"{at.url(port)}/health", log, env=env, timeout_s=180, at=at):
+        yield at.url(port)
 
 
 def _interrupted(*_: object) -> None:

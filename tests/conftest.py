@@ -70,6 +70,29 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield env["PREFECT_API_URL"]
 
 
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The deployment's hosts, each a network namespace of its own (tests/integration/hosts.py), for the run.
+
+    Leftovers of an earlier run killed hard are deleted first; at the end every process still on a
+    host is ended and the namespaces go. Skipped, saying what is missing, where namespaces cannot be made.
+    """
+    from tests.integration.hosts import HOST_NAMES, HostsUnavailable, Network, run_prefix, sweep_stale, why_unavailable
+
+    missing = why_unavailable()
+    if missing:
+        pytest.skip(f"no hosts of their own: {missing}")
+    try:
+        sweep_stale(run_prefix())
+        network = Network.create(run_prefix(), HOST_NAMES, tmp_path_factory.mktemp("hosts"))
+    except HostsUnavailable as missing:
+        pytest.skip(f"no hosts of their own: {missing}")
+    try:
+        yield network
+    finally:
+        network.close()
+
+
 # --- the reference model zoo (zoo engineer) ---
 ZOO_EVAL_PER_SLICE = 300
 
