@@ -66,6 +66,9 @@ GUIDE = f"{ENGINEER}::test_the_engineer_guide_publishes_a_revision_as_shown"
 FOLLOW = f"{ENGINEER}::test_the_engineer_guide_follows_and_rolls_back_a_canary_as_shown"
 DEPLOYMENTS = "tests/integration/test_deployments.py"
 DEMO = "tests/integration/test_promotion_demo.py"
+# The demo's other candidates: the same session set-up and rollout `revgate demo` runs (demo_session,
+# DemoSession.rollout), one shared session for all of them.
+DEMO_ROLLOUTS = "tests/integration/test_demo_rollouts.py"
 STATUS = "tests/integration/test_status.py"
 MAKE = "tests/unit/test_docs_commands.py::test_the_make_targets_the_docs_name_exist_and_run_revgate"
 SIGNED_APPROVAL = "tests/integration/test_signed_approval.py"
@@ -85,9 +88,9 @@ RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     ".venv/bin/revgate demo --exit": (
         f"{DEMO}::test_an_improved_revision_is_promoted_through_every_stage_and_the_demo_stays_up",),
     ".venv/bin/revgate demo --candidate slice-regressed --exit": (
-        f"{DEMO}::test_a_slice_regression_is_caught_and_rolled_back",),
+        f"{DEMO_ROLLOUTS}::test_a_slice_regression_is_caught_and_rolled_back",),
     ".venv/bin/revgate demo --candidate slow --exit": (
-        f"{DEMO}::test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate",),
+        f"{DEMO_ROLLOUTS}::test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate",),
     ".venv/bin/revgate demo --approval ui": (
         "tests/integration/test_demo_approval_ui.py::test_the_demo_asks_on_the_resume_form_with_the_gate_report_above",),
     # docs/artifacts.md (synopsis)
