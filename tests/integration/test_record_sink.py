@@ -340,8 +340,8 @@ def test_a_forged_object_in_the_store_is_refused_reported_and_holds_no_stage(
     assert f"forged {invalid} (router host-a)" in refused and "does not match" in refused
     assert stage.lost == [] and stage.per_router == {"host-a": 120}
     # Every answer its own reference: both revisions answer well, so the gates alone pass the stage.
-    labels = {record.caller_request_id: TraceEntry(request_id=record.caller_request_id, offset_s=0.0, body={},
-                                                   reference=record.output_text) for record in stage.by_id.values()}
+    labels = {record.request_id: TraceEntry(request_id=record.caller_request_id, offset_s=0.0, body={},
+                                            reference=record.output_text) for record in stage.by_id.values()}
     arms = stage.canary(fingerprint("a"), fingerprint("s"), labels)
     policy = GatePolicy.build(latency_metrics=[], quality_margin="0.1", error_margin="0.1",
                               min_samples_per_slice=20, max_samples_per_stage=40, look_every=20)
