@@ -124,9 +124,11 @@ def test_closing_the_hosts_ends_every_process_on_them_and_deletes_them(tmp_path:
     network = Network.create(f"{run_prefix()}t", ("a", "b"), tmp_path)
     names = [host.netns for host in network.hosts.values()] + [network.bridge]
     # One that ends on SIGTERM, one that ignores it (the cleanup kills it).
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    # Stand-ins that wait for a signal, never for time: the cleanup is what must end them.
+    waits = "import signal; signal.pause()"
+    stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.pause()"
     try:
-        started = [network["a"].popen([sys.executable, "-c", "import time; time.sleep(600)"]),
+        started = [network["a"].popen([sys.executable, "-c", waits]),
                    network["b"].popen([sys.executable, "-c", stubborn])]
         wait_until(lambda: all(network[name].pids() for name in ("a", "b")), 30, "both processes on their hosts")
     finally:
@@ -143,7 +145,7 @@ def test_a_run_killed_hard_leaves_namespaces_the_next_run_deletes(hosts: Network
     leftover = Network.create(run_prefix(gone.pid), ("a",), tmp_path)  # as if made by a run now gone
     names = {leftover["a"].netns, leftover.bridge}
     try:
-        process = leftover["a"].popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        process = leftover["a"].popen([sys.executable, "-c", "import signal; signal.pause()"])
         wait_until(leftover["a"].pids, 30, "a process on the leftover host")
         assert names <= set(sweep_stale())
         process.wait(15)  # ended by the sweep
