@@ -159,6 +159,16 @@ def _tpot_s(record: dict[str, Any]) -> float | None:
     return float((last - first) / (tokens - 1))
 
 
+def _upstream_body(target: Target, path: bytes, body: bytes, document: Any, changed: bool) -> tuple[bytes, bool]:
+    """The body ``target`` gets (its model name, its output cap; ``changed``: the parsed body was edited
+    already), and whether the parsed body now differs from what the caller sent."""
+    if target.max_output_tokens is not None and path != b"/v1/models":
+        changed |= cap_output_tokens(document, target.max_output_tokens, chat=path == b"/v1/chat/completions")
+    if body and (changed or target.served_model is not None):
+        body = rewrite_model(body, target.served_model, document, changed=changed)
+    return body, changed
+
+
 def _retries(call: Call) -> int:
     """Attempts after the first: the serving revision's interface policy, else the route's."""
     retries = call.target.max_retries
@@ -397,11 +407,7 @@ class Router:
         # one tenant could fail any canary on a slice of its choosing, or spend its failures on stable.
         trusted = route.trusts(headers.get(b"x-revgate-credential"))
         declared = _declared(headers, document) if trusted else {}
-        stripped = drop_evidence_metadata(document)
-        if target.max_output_tokens is not None and path != b"/v1/models":
-            stripped |= cap_output_tokens(document, target.max_output_tokens, chat=path == b"/v1/chat/completions")
-        if body and (stripped or target.served_model is not None):
-            body = rewrite_model(body, target.served_model, document, changed=stripped)
+        body, stripped = _upstream_body(target, path, body, document, drop_evidence_metadata(document))
         revealed = trusted or route.reveal
         extra = (target.headers if revealed else b"") + b"x-request-id: " + request_id + b"\r\n"
         call = Call(caller, request, route, target, path, body, request_id.decode(), caller_id, tenant,
@@ -579,12 +585,7 @@ class Router:
 
     def _retarget(self, call: Call, target: Target) -> None:
         """Move a call that nothing has answered yet to ``target`` (its model name, headers and labels)."""
-        body = call.request.body
-        if target.max_output_tokens is not None and call.path != b"/v1/models":
-            call.stripped |= cap_output_tokens(call.document, target.max_output_tokens,
-                                               chat=call.path == b"/v1/chat/completions")
-        if body and (call.stripped or target.served_model is not None):
-            body = rewrite_model(body, target.served_model, call.document, changed=call.stripped)
+        body, call.stripped = _upstream_body(target, call.path, call.request.body, call.document, call.stripped)
         call.target, call.body, call.labels = target, body, target.labels
         shown = target.headers if call.revealed else b""
         call.headers = shown + b"x-request-id: " + call.request_id.encode() + b"\r\n"
