@@ -311,7 +311,7 @@ class DemoSession:
             worker_url=self.worker_url, worker_token_file=token, router_url=self.public_url,
             router_admin_url=self.admin_url, router_admin_token_file=token, records_sink=str(root / "records"),
             record_signers=self.record_signers,
-            router_records=str(root / "router" / "records.jsonl"), trace=str(root / "trace.jsonl"), batch_size=200,
+            trace=str(root / "trace.jsonl"), batch_size=200,
             tracking_uri=f"sqlite:///{(root / 'mlflow.db').resolve()}", evidence_root=str(root / "evidence"),
             approval=approval, controller_key_file=str(signing_key(root / "keys", "controller")[0]),
         )

@@ -2,16 +2,20 @@
 
 Plain functions; the flow wraps them in tasks. The comparison arm is always stable traffic from
 the same window (a concurrent baseline), never a before/after comparison.
+
+Everything the flow knows of the traffic comes from one place, the routers' record sink
+(:class:`RecordSource`: a folder in the embedded default, S3 beyond): the stages' arms, the capacity
+rule's demand and the rollback window's records, each from every router the route names. No
+router's local file is read: with R routers it holds 1/R of the traffic, and with records on S3
+nothing at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from revgate.evaluation.records import RequestRecord
 from revgate.evaluation.replay import replay
@@ -67,133 +71,62 @@ def probe_labels(sent: Iterable[RequestRecord], entries: Sequence[TraceEntry]) -
             if record.router_request_id and record.request_id in by_trace}
 
 
-def canary_arms(
-    records: Iterable[RequestRecord], stable: str, candidate: str
-) -> tuple[list[RequestRecord], list[RequestRecord]]:
-    """Split records by the revision the router says served them (its response header)."""
-    stable_arm = [replace(r, arm="stable") for r in records if r.revision == stable]
-    candidate_arm = [replace(r, arm="candidate") for r in records if r.revision == candidate]
-    return stable_arm, candidate_arm
+DEMAND_WINDOW_S = 30.0
+# Routers write one object per interval (1 s by default), after the request ended: the newest second
+# or two of traffic is not in the sink yet. Demand is counted over a window that ends this far back.
+DEMAND_LAG_S = 3.0
 
 
-class PairedRecordsTail:
-    """The router's paired-records file, read incrementally: each poll parses only what was appended.
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Live requests per second over a past window, every router's, and whether the sink could be read."""
 
-    A stage polls the file after every batch and while the mirror catches up; re-reading the whole
-    file each time would grow with every earlier stage's pairs.
+    rps: float
+    per_router: dict[str, int]
+    unavailable: str = ""  # why the sink could not be read ("" when it could): then the demand is unknown
+
+    def evidence(self) -> dict[str, object]:
+        """For the capacity rule's record."""
+        return {"demand_rps": self.rps, "demand_per_router": self.per_router,
+                "demand_unavailable": self.unavailable}
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSource:
+    """The routers' record sink as the flow reads it: its one evidence source.
+
+    ``signers`` (router id: public key) names the routers whose signed records count; empty, every
+    object in the sink is believed (one machine).
     """
 
-    def __init__(self, path: Path, prefix: str) -> None:
-        self.path = path
-        self.prefix = prefix
-        self.offset = 0
-        self.pairs: list[PairedRecord] = []
+    sink: str
+    route: str
+    signers: Mapping[str, str] = field(default_factory=dict)
 
-    def poll(self) -> int:
-        """Read complete lines appended since the last poll; the number of the stage's pairs so far."""
-        if not self.path.exists():
-            return len(self.pairs)
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            chunk = handle.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
-        self.offset += len(complete)
-        parsed = (PairedRecord.from_json(line) for line in complete.decode("utf-8").splitlines() if line.strip())
-        self.pairs += [pair for pair in parsed if pair.caller_request_id.startswith(self.prefix)]
-        return len(self.pairs)
+    def stage(self, window: StageWindow, *, paired: bool) -> StageRecords:
+        """One stage's records (and pairs, in shadow), read incrementally."""
+        return StageRecords(self.sink, self.route, window, paired=paired, signers=self.signers)
 
+    def tail(self, since_s: float) -> SinkTail:
+        """Every router's request records from ``since_s`` on, each poll giving the new ones (the window)."""
+        return SinkTail(self.sink, self.route, since_s, self.signers)
 
-def settled_pairs(
-    tail: PairedRecordsTail, expected: int, *, quiet_s: float = 1.5, limit_s: float = 30.0
-) -> list[PairedRecord]:
-    """The stage's pairs once the mirror has caught up: all ``expected`` are in, or none came for ``quiet_s``.
+    def demand(self, now: float, window_s: float = DEMAND_WINDOW_S, lag_s: float = DEMAND_LAG_S) -> Demand:
+        """Users' requests per second over ``[now - lag_s - window_s, now - lag_s)``, from every router.
 
-    Mirrored copies are sent after the callers' answers and written in batches, so the newest
-    pairs land a little after the replay ends; dropped copies never land (the router counts them).
-    """
-    deadline = time.monotonic() + limit_s
-    count, last_change = tail.poll(), time.monotonic()
-    while count < expected and time.monotonic() < deadline and time.monotonic() - last_change < quiet_s:
-        time.sleep(0.25)
-        if (now := tail.poll()) != count:
-            count, last_change = now, time.monotonic()
-    return list(tail.pairs)
-
-
-def _shadow_record(pair: PairedRecord, entry: TraceEntry, arrival: float) -> RequestRecord:
-    ok = pair.shadow_status == 200 and not pair.shadow_error
-    return RequestRecord(
-        request_id=pair.caller_request_id,
-        revision=pair.shadow_revision,
-        arm="candidate",
-        arrival_s=arrival,
-        outcome="ok" if ok else "error",
-        route=pair.route,
-        generation=pair.generation,
-        tenant=entry.tenant,
-        slices=dict(entry.slices),
-        first_token_s=None if pair.shadow_ttft_s is None else arrival + pair.shadow_ttft_s,
-        last_token_s=None if pair.shadow_e2e_s is None else arrival + pair.shadow_e2e_s,
-        status_code=pair.shadow_status,
-        error=pair.shadow_error,
-        output_text=pair.shadow_output,
-        reference=entry.reference,
-        prompt_tokens=pair.shadow_prompt_tokens,
-        output_tokens=pair.shadow_output_tokens,
-    )
-
-
-def shadow_arms(
-    records: Sequence[RequestRecord], pairs: Sequence[PairedRecord], entries: Sequence[TraceEntry]
-) -> tuple[list[RequestRecord], list[RequestRecord]]:
-    """Stable arm: the callers' records of mirrored requests; candidate arm: the shadow's answers.
-
-    Only mirrored requests count on both sides, so the arms see the same prompts.
-    """
-    by_id = {entry.request_id: entry for entry in entries}
-    caller = {record.request_id: record for record in records}
-    # Joined on the caller's (the replay's) ids: the router names each request with its own id.
-    mirrored = [pair for pair in pairs if pair.caller_request_id in caller and pair.caller_request_id in by_id]
-    stable_arm = [replace(caller[pair.caller_request_id], arm="stable") for pair in mirrored]
-    candidate_arm = [
-        _shadow_record(pair, by_id[pair.caller_request_id], caller[pair.caller_request_id].arrival_s)
-        for pair in mirrored
-    ]
-    return stable_arm, candidate_arm
-
-
-class RecordsTail:
-    """The router's request-records file, read incrementally from a byte offset (the rollback window looks
-    at it often); it keeps nothing: each poll gives the records appended since the last."""
-
-    def __init__(self, path: Path, offset: int = 0) -> None:
-        self.path = path
-        self.offset = offset
-        self.aligned = offset == 0  # an offset taken from the file's size may fall inside a line being written
-
-    @staticmethod
-    def end_of(path: Path) -> int:
-        """Where a tail started now begins: the file's current size (0 while it does not exist)."""
-        return path.stat().st_size if path.exists() else 0
-
-    def poll(self) -> list[RequestRecord]:
-        """The complete records appended since the last poll."""
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as handle:
-            if not self.aligned:
-                handle.seek(max(0, self.offset - 1))
-                if handle.read(1) != b"\n":  # mid-line: start at the next whole record
-                    rest = handle.readline()
-                    if not rest.endswith(b"\n"):
-                        return []
-                    self.offset += len(rest)
-                self.aligned = True
-            handle.seek(self.offset)
-            chunk = handle.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        return [RequestRecord.from_json(line) for line in complete.decode().splitlines() if line.strip()]
+        Each request counts once (its retries and a second router's record of it do not add), the
+        shadow's copies and the rollout's own probes not at all: neither is demand the revisions carry
+        once the rollout ends.
+        """
+        until = now - lag_s
+        tail = SinkTail(self.sink, self.route, until - window_s, self.signers)
+        records = tail.poll()
+        if tail.unavailable:
+            return Demand(0.0, {}, tail.unavailable)
+        users = {r.request_id: r for r in records
+                 if r.arm != "shadow" and not is_probe(r) and r.arrival_s < until}
+        per_router = dict(tail.reader.totals)
+        return Demand(len(users) / window_s, per_router)
 
 
 class SinkTail:
@@ -228,31 +161,6 @@ def own_traffic(record: dict[str, object]) -> bool:
     takes only from a request carrying the rollout's probe credential (never by id: callers choose theirs)."""
     slices = record.get("slices")
     return isinstance(slices, dict) and slices.get(PROBE_LABEL) == PROBE
-
-
-def live_arrivals(path: Path, since_s: float, tail_bytes: int = 4 << 20) -> list[float]:
-    """Arrival times of live requests in the router's records since ``since_s``.
-
-    The rollout's own replayed evidence traffic (the ``class=probe`` label) is not demand the revisions
-    must carry: it stops when the rollout does.
-    """
-    if not path.exists():
-        return []
-    with path.open("rb") as handle:
-        start = max(0, handle.seek(0, 2) - tail_bytes)
-        handle.seek(start)
-        lines = handle.read().splitlines()
-    if start:
-        lines = lines[1:]  # the first line read is cut
-    arrivals = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line still being written
-        if record.get("arrival_s", 0) >= since_s and not own_traffic(record):
-            arrivals.append(float(record["arrival_s"]))
-    return arrivals
 
 
 # --- the record sink: every router's records of one stage ----------------------------------------

@@ -33,7 +33,6 @@ from revgate.evaluation.evidence import build_evidence
 from revgate.evaluation.gates import gates_from_policy, judge
 from revgate.evaluation.gates import settled as stage_settled
 from revgate.evaluation.graders import JudgeEndpoint, answer_pairs, exact_match, grade_pairs, pair_graders
-from revgate.evaluation.records import RequestRecord
 from revgate.evaluation.traces import TraceEntry, read_trace
 from revgate.flows import approval, evidence, sizing, steps
 from revgate.flows.attest import Attestor, Signed, controller_key
@@ -55,6 +54,7 @@ from revgate.promotion.machine import (
     RolloutState,
     StepApplied,
     advance,
+    commit_refused,
     current_step,
     resume,
     start,
@@ -102,7 +102,7 @@ def verify_task(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, flo
 
 
 @task(name="capacity")
-def capacity_task(spec: PromotionSpec, stable: str) -> dict[str, Any]:
+def capacity_task(spec: PromotionSpec, stable: RevisionTarget) -> dict[str, Any]:
     """Stable's ready capacity must carry the traffic."""
     return steps.check_stable_capacity(spec, stable)
 
@@ -145,10 +145,8 @@ def analyze_task(
     futile), and what the stage measured of stable for the next stage's power check.
     """
     credential = keys.probe_credential if keys is not None else ""
-    if spec.records_sink:
-        return analyze_live(spec, state, step, stage, revisions=(stable, candidate), generation=generation,
-                            credential=credential)
-    return analyze_probes(spec, state, step, stage, stable=stable, candidate=candidate, credential=credential)
+    return analyze_live(spec, state, step, stage, revisions=(stable, candidate), generation=generation,
+                        credential=credential)
 
 
 def analyze_live(
@@ -167,7 +165,7 @@ def analyze_live(
     gate = gates_from_policy(spec.gate_policy, share, paired_evidence=shadow)
     window = StageWindow(first_generation=generation, since_s=time.time())
     started = time.monotonic()
-    records = evidence.StageRecords(spec.records_sink, spec.route, window, paired=shadow, signers=spec.record_signers)
+    records = steps.record_source(spec).stage(window, paired=shadow)
     grading = PairGrading(spec) if shadow and spec.gate_policy.paired is not None else None
     labels: dict[str, TraceEntry] = {}
     batches = max(1, -(-step.max_samples // spec.batch_size))
@@ -229,51 +227,6 @@ def with_provenance(report: GateReport, arms: evidence.StageArms, refused: Seque
     return report.model_copy(update={"notes": notes})
 
 
-def analyze_probes(
-    spec: PromotionSpec, state: RolloutState, step: Analyze, stage: str, *, stable: str, candidate: str,
-    credential: str = "",
-) -> tuple[GateReport, bool, Measured | None]:
-    """Without a record sink: replay labelled probes, judged on the replay's own records and the pairs file."""
-    logger = get_run_logger()
-    trace = read_trace(Path(spec.trace))
-    share = state.weight_ppm / 1_000_000 if state.weight_ppm else None
-    gate = gates_from_policy(spec.gate_policy, share)
-    stable_arm: list[RequestRecord] = []
-    candidate_arm: list[RequestRecord] = []
-    sent: list[RequestRecord] = []
-    replayed: list[TraceEntry] = []
-    batches = max(1, -(-step.max_samples // spec.batch_size))
-    pairs = evidence.PairedRecordsTail(Path(spec.paired_records), f"{stage}-")
-    report: GateReport | None = None
-    started = time.monotonic()
-    for batch in range(batches):
-        entries = evidence.stage_batch(trace, stage, batch, spec.batch_size)
-        records = evidence.send_batch(spec.router_url, entries, max_in_flight=spec.probe_concurrency,
-                                      credential=credential)
-        if state.shadow_ppm:
-            # Re-pair everything sent so far: copies of earlier batches may have landed since.
-            sent += records
-            replayed += entries
-            expected = round(len(sent) * state.shadow_ppm / 1_000_000)
-            settled = evidence.settled_pairs(pairs, expected)
-            stable_arm, candidate_arm = evidence.shadow_arms(sent, settled, replayed)
-        else:
-            arms = evidence.canary_arms(records, stable, candidate)
-            stable_arm += arms[0]
-            candidate_arm += arms[1]
-        final = batch == batches - 1
-        proof = build_evidence(stable_arm, candidate_arm, exact_match, expected_candidate_share=share, final=final)
-        report = judge(gate, spec.gate_policy, proof)
-        logger.info("%s batch %d/%d: %s (stable %d, candidate %d)", stage, batch + 1, batches, report.outcome,
-                    len(stable_arm), len(candidate_arm))
-        if stage_settled(report) or final:
-            plot_stage(spec, stage, proof)  # the deciding look's figures, for the evidence run
-            measured = sizing.measure(proof, spec.gate_policy, stage, time.monotonic() - started)
-            return report, final or report.outcome == "inconclusive", measured
-    assert report is not None
-    return report, True, None
-
-
 class Promotion:
     """The mutable driver of one promotion: its spec, ledger run, candidate target, state and route hold."""
 
@@ -285,8 +238,7 @@ class Promotion:
         self.target = target
         self.state = start(spec.plan)
         self.before = steps.current_route(spec)  # its stable is what the rollback window returns to
-        # The window compares with the old stable's traffic while both served: read from here on, not from 0.
-        self.records_from = evidence.RecordsTail.end_of(Path(spec.router_records)) if spec.router_records else 0
+        # The window compares with the old stable's traffic while both served: read from here on.
         self.started_s = time.time()
         self.owner = owner or RouteOwner(spec, self.before.generation)
         self.stable = self.before.stable.fingerprint
@@ -308,7 +260,11 @@ class Promotion:
         Before candidate traffic goes up, the capacity rule must hold; while it does not, the
         rollout pauses, and rolls back if it does not come back within the plan's wait.
         """
-        if self._raises_candidate_traffic(self.owner.check()) and not self.ensure_capacity():
+        current = self.owner.check()
+        if self._commits_promotion(current) and not self.ensure_capacity():
+            self.state = commit_refused(self.state, "not enough ready capacity for the candidate's replicas to carry "
+                                                    "all the traffic: the promotion was not committed")
+        elif self._raises_candidate_traffic(current) and not self.ensure_capacity():
             self.state = advance(self.spec.plan, self.state, Abort("not enough ready capacity to move traffic"))
         now = datetime.now(UTC)
         signed: list[Signed | None] = []  # a decision, signed for the generation its write commits
@@ -340,6 +296,10 @@ class Promotion:
             raise RolloutStopped(behind.what, where=behind.where, fix=behind.fix) from None
         self.ledger.log_json(self.run, f"routers-generation-{generation:06d}", {"served": served})
 
+    def _commits_promotion(self, current: RouteSnapshot) -> bool:
+        """The write that moves all traffic to the candidate's replicas, not yet made."""
+        return self.state.status == "promoted" and current.stable.fingerprint != self.target.fingerprint
+
     def _raises_candidate_traffic(self, current: RouteSnapshot) -> bool:
         if self.state.status in TERMINAL:
             return False
@@ -352,11 +312,12 @@ class Promotion:
         """The capacity rule for the traffic this state asks for; waits (paused) up to the plan's limit."""
         # Live traffic only: mirrored copies go through a bounded queue that drops (and counts) what the
         # shadow cannot take, so they never hold up a caller; the canary's share is callers' traffic.
-        shares = {self.stable: 1 - self.state.weight_ppm / PPM, self.target.fingerprint: self.state.weight_ppm / PPM}
+        weight = PPM if self.state.status == "promoted" else self.state.weight_ppm  # the commit: all of it
+        shares = {self.stable: 1 - weight / PPM, self.target.fingerprint: weight / PPM}
         deadline = time.monotonic() + self.spec.plan.capacity_wait_seconds
         first = True
         while True:
-            check = steps.capacity(self.spec, shares)
+            check = steps.capacity(self.spec, shares, (self.before.stable, self.target))
             if check.ok or first or time.monotonic() >= deadline:
                 self.capacity_checks += 1
                 self.ledger.log_json(self.run, f"capacity-{self.capacity_checks:02d}",
@@ -497,15 +458,13 @@ class Promotion:
         Runs without the route lock, so an operator's rollback is never blocked; it ends the watch.
         """
         plan, check = self.spec.plan, self.spec.plan.post_promotion
-        records = self._window_records()
+        records = steps.record_source(self.spec).tail(self.started_s)
         deadline = time.monotonic() + plan.rollback_window_seconds
         verdict: WindowVerdict | None = None
         seen = WindowTally()
         while (left := deadline - time.monotonic()) > 0:
             self.wait(min(1.0, left))
             self.owner.check()
-            if records is None:
-                continue
             seen = tally(seen, records.poll(), check, promoted=self.target.fingerprint,
                          old_stable=self.before.stable.fingerprint, promoted_at_s=promoted_at_s)
             verdict = window_verdict(check, seen)
@@ -514,17 +473,6 @@ class Promotion:
                 self.revert(f"rollback window: {verdict.reason}")
                 return verdict
         return verdict
-
-    def _window_records(self) -> evidence.SinkTail | evidence.RecordsTail | None:
-        """Where the window reads the routers' records from the rollout's start on: every router's, from the
-        record sink when there is one; else the one router's local file; None without either."""
-        if self.spec.records_sink:
-            return evidence.SinkTail(self.spec.records_sink, self.spec.route, self.started_s, self.spec.record_signers)
-        if self.spec.router_records:
-            return evidence.RecordsTail(Path(self.spec.router_records), self.records_from)
-        get_run_logger().warning("rollback window: no record sink and no router records configured: it watches "
-                                 "nothing and only keeps the old stable ready")
-        return None
 
     def revert(self, reason: str) -> None:
         """After promotion: the old stable alone again, on its endpoints (still ready in the window); a decision
@@ -555,7 +503,7 @@ def window_outcome(verdict: WindowVerdict | None, ended_by: str) -> str:
     if ended_by:
         return f"ended: {ended_by}"
     if verdict is None:
-        return "ended: no live traffic of the promoted revision was read (no router records configured)"
+        return "ended: no live traffic of the promoted revision was read from the record sink"
     return f"ended {verdict.outcome}: {verdict.reason}"
 
 
@@ -656,7 +604,7 @@ class Rollout:
     def _promote(self, run: EvidenceRun, revision: ServiceRevision) -> None:
         spec, ledger = self.spec, self.ledger
         ledger.log_step(run, "verify", "pass", verify_task(spec, revision))
-        ledger.log_json(run, "capacity-00", capacity_task(spec, steps.current_route(spec).stable.fingerprint))
+        ledger.log_json(run, "capacity-00", capacity_task(spec, steps.current_route(spec).stable))
         replicas = start_task(spec, revision)
         self.started.update((replica_key(r), str(r.get("endpoint", "")).rstrip("/")) for r in replicas)
         views = [load_task(spec, replica) for replica in replicas]  # they load in parallel, on their own agents

@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec, auto_refused, signers_problem
+from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec, auto_refused, refuse_local_records, signers_problem
 from revgate.manifests.document import describe_validation_error
 from revgate.manifests.errors import ManifestInvalid, RevgateError
 from revgate.manifests.gates import GatePolicy
@@ -54,11 +54,10 @@ class RouteSite(BaseModel):
     more_routers: tuple[str, ...] = Field(default=(), description="admin URLs of the route's other routers")
     router_sync_s: float = Field(default=30.0, gt=0)
     router_admin_token_file: str
-    records_sink: str = ""
+    records_sink: str = Field(min_length=1, description="where every router of the route writes its records (a "
+                              "folder or s3://BUCKET/PREFIX): the flow's one evidence source")
     record_signers: dict[str, str] = Field(default_factory=dict, description="router id: its record-signing "
                                            "public key (PEM text or file); only these routers' signed objects count")
-    paired_records: str = ""
-    router_records: str = ""
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = True
     probe_concurrency: int | None = Field(default=4, ge=1)
@@ -87,6 +86,11 @@ class RouteSite(BaseModel):
     plan: str = Field(description="the rollout plan a rollout of this route uses when none is named")
     candidates: dict[str, str] = Field(default_factory=dict,
                                        description="candidate names a person may give instead of a digest")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_local_records(cls, data: object) -> object:
+        return refuse_local_records(data)
 
     @model_validator(mode="after")
     def _signers_are_routers(self) -> RouteSite:

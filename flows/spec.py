@@ -24,6 +24,25 @@ def auto_refused(approval: str, plan: RolloutPlan) -> bool:
     return approval == "auto" and bool(plan.approvers or plan.signed_approval)
 
 
+LOCAL_RECORDS = ("router_records", "paired_records")
+
+
+def refuse_local_records(data: object) -> object:
+    """A document naming one router's local records files is refused with what to give instead.
+
+    Those files hold one router's share of the traffic: a capacity rule or a rollback window reading
+    them sees 1/R of the demand with R routers, and nothing where records go to S3.
+    """
+    if isinstance(data, Mapping):
+        named = [key for key in LOCAL_RECORDS if key in data]
+        if named:
+            raise ValueError(f"{', '.join(named)}: the flow reads no router's local files any more; every router "
+                             "writes to the record sink and the flow reads the stages, the capacity rule's demand "
+                             "and the rollback window from it: give records_sink (revgate router --records-sink) "
+                             "and drop " + ", ".join(named))
+    return data
+
+
 def signers_problem(signers: Mapping[str, str], records_sink: str) -> str:
     """What is wrong with a route's record signers ("" when nothing): ids routers can have, keys given as PEM text
     that load (a key file is read where the flow runs), and a record sink for them to sign into."""
@@ -71,19 +90,16 @@ class PromotionSpec(BaseModel):
     router_sync_s: float = Field(default=30.0, gt=0, description="the longest wait for every router to serve "
                                  "a new generation; a router still behind then stops the rollout")
     router_admin_token_file: str
-    records_sink: str = Field(default="", description="the routers' record sink (a folder or s3://BUCKET/PREFIX): "
-                              "the gates read every router's records of the stage from it")
+    records_sink: str = Field(min_length=1, description="the routers' record sink (a folder or s3://BUCKET/PREFIX): "
+                              "the one evidence source. Every router of the route writes its records to it; the "
+                              "stages, the capacity rule's demand and the rollback window read them from there")
     record_signers: dict[str, str] = Field(
         default_factory=dict, description="the routers whose records count, each router id with its Ed25519 "
         "public key (PEM text, or a PEM file): only their signed objects are read; empty: every object in the "
         "record sink is believed (one machine)")
-    paired_records: str = Field(default="", description="without a record sink: the router's shadow "
-                                "paired-records file")
-    router_records: str = Field(default="", description="the router's request-records file: observed demand, "
-                                "and the promoted revision's live traffic in the rollback window")
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = Field(default=True, description="replay the trace as probe traffic; off: the gates judge "
-                         "the users' traffic alone (needs a record sink)")
+                         "the users' traffic alone")
     probe_concurrency: int | None = Field(
         default=4, ge=1, description="most probe requests in flight at once (None: the trace's own open-loop "
         "rate). In shadow the router mirrors with a few workers, so probes flooding stable would measure "
@@ -133,10 +149,7 @@ class PromotionSpec(BaseModel):
             raise ValueError(problem)
         return self
 
-    @model_validator(mode="after")
-    def _evidence_source(self) -> PromotionSpec:
-        if not self.probes and not self.records_sink:
-            raise ValueError("probes off needs records_sink: without probes the users' records are the evidence")
-        if not self.records_sink and not self.paired_records:
-            raise ValueError("give records_sink (or, for a router without a sink, paired_records)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _no_local_records(cls, data: object) -> object:
+        return refuse_local_records(data)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from revgate.flows.evidence import live_arrivals
+from revgate.flows.evidence import RecordSource
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.revision import ServiceRevision
@@ -23,8 +23,8 @@ from revgate.manifests.route_change import serving_limits
 from revgate.promotion.capacity import (
     CapacityCheck,
     check_capacity,
-    observed_demand,
     revisions_from_report,
+    route_endpoints,
     stated_capacity,
 )
 from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
@@ -105,26 +105,30 @@ def fleet(spec: PromotionSpec) -> list[WorkerClient]:
     return [worker(spec, url) for url in spec.workers()]
 
 
-def observed_demand_rps(spec: PromotionSpec, window_s: float = 30.0) -> float:
-    """Live requests per second the router saw over the last ``window_s`` (0 when it keeps no records)."""
-    if not spec.router_records:
-        return 0.0
-    now = time.time()
-    return observed_demand(live_arrivals(Path(spec.router_records), now - window_s), now, window_s)
+def record_source(spec: PromotionSpec) -> RecordSource:
+    """The route's one evidence source: every named router's records in the record sink."""
+    return RecordSource(spec.records_sink, spec.route, spec.record_signers)
 
 
-def capacity(spec: PromotionSpec, shares: dict[str, float]) -> CapacityCheck:
-    """The capacity rule for ``shares`` (revision -> fraction of traffic) on the fleet's ready replicas."""
-    ready = merge_capacity([revisions_from_report(client.capacity()) for client in fleet(spec)])
+def capacity(spec: PromotionSpec, shares: dict[str, float], targets: Iterable[RevisionTarget]) -> CapacityCheck:
+    """The capacity rule for ``shares`` (revision -> fraction of traffic) on the ready replicas of ``targets``.
+
+    Only the replicas the route sends to count (the targets' endpoints): a ready orphan, or another
+    route's replica of the same revision, carries none of this route's traffic. Demand is every
+    router's, from the record sink.
+    """
+    counted = route_endpoints(*((target.fingerprint, target.endpoints) for target in targets))
+    ready = merge_capacity([revisions_from_report(client.capacity(), counted) for client in fleet(spec)])
     if spec.plan.replica_capacity_rps is not None:
         ready = stated_capacity(ready, float(spec.plan.replica_capacity_rps))
-    return check_capacity(shares, ready, demand_rps=observed_demand_rps(spec),
-                          target_utilisation=float(spec.plan.target_utilisation))
+    demand = record_source(spec).demand(time.time())
+    return check_capacity(shares, ready, demand_rps=demand.rps, target_utilisation=float(spec.plan.target_utilisation),
+                          demand_unknown=demand.unavailable)
 
 
-def check_stable_capacity(spec: PromotionSpec, stable: str) -> dict[str, Any]:
+def check_stable_capacity(spec: PromotionSpec, stable: RevisionTarget) -> dict[str, Any]:
     """Stable must carry all the traffic before anything is loaded (loading, warming, draining do not count)."""
-    check = capacity(spec, {stable: 1.0})
+    check = capacity(spec, {stable.fingerprint: 1.0}, [stable])
     if not check.ok:
         raise PromotionRefused(
             f"stable cannot carry the route's traffic on {', '.join(spec.workers())}: {check.reason}",

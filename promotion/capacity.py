@@ -2,15 +2,19 @@
 
 Each revision's ready replicas must carry its share of the demand:
 ``ready >= ceil(demand x share / (per-replica capacity x target utilisation))``. Loading, warming
-and draining replicas do not count (the worker reports them apart). Demand is what the router
-observed; per-replica capacity is what the worker measured at warm-up. A revision with a share
-needs at least one ready replica even when the demand is unknown or zero.
+and draining replicas do not count (the worker reports them apart), nor do replicas the route
+does not send to: only endpoints the route's snapshot or the rollout itself names are counted
+(an orphan, or another route's replica of the same revision, carries none of this route's traffic).
+Demand is what every router of the route recorded; per-replica capacity is what the plan states
+(a profile measured at load) or else what the worker measured at warm-up. A revision with a share
+needs at least one ready replica even when the demand is zero. Demand that could not be read is
+not zero: the rule then fails, and says why.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,15 +57,18 @@ class CapacityCheck:
     demand_rps: float
     target_utilisation: float
     rows: tuple[CapacityRow, ...]
+    demand_unknown: str = ""  # why the demand could not be read ("" when it was)
 
     @property
     def ok(self) -> bool:
-        """Every revision carries its share."""
-        return all(row.ok for row in self.rows)
+        """Every revision carries its share of a demand that is known."""
+        return not self.demand_unknown and all(row.ok for row in self.rows)
 
     @property
     def reason(self) -> str:
         """Which revisions are short, in words."""
+        if self.demand_unknown:
+            return f"the route's demand is unknown: {self.demand_unknown}"
         short = [f"{row.fingerprint[:19]} has {row.ready_replicas} ready, needs {row.required_replicas} for "
                  f"{row.share:.0%} of {self.demand_rps:.1f} req/s" for row in self.rows if not row.ok]
         return "; ".join(short) or "every revision carries its share"
@@ -69,7 +76,8 @@ class CapacityCheck:
     def evidence(self) -> dict[str, Any]:
         """The inputs and the outcome as plain JSON."""
         return {"ok": self.ok, "reason": self.reason, "demand_rps": self.demand_rps,
-                "target_utilisation": self.target_utilisation, "revisions": [asdict(row) for row in self.rows]}
+                "demand_unknown": self.demand_unknown, "target_utilisation": self.target_utilisation,
+                "revisions": [asdict(row) for row in self.rows]}
 
 
 def required_replicas(demand_rps: float, share: float, per_replica_rps: float, target_utilisation: float) -> int:
@@ -88,6 +96,7 @@ def check_capacity(
     *,
     demand_rps: float,
     target_utilisation: float,
+    demand_unknown: str = "",
 ) -> CapacityCheck:
     """The rule for every revision with a share; a revision the worker does not report has nothing ready."""
     rows = []
@@ -95,7 +104,7 @@ def check_capacity(
         have = revisions.get(fingerprint, RevisionCapacity(0, 0.0))
         need = required_replicas(demand_rps, share, have.per_replica_rps, target_utilisation)
         rows.append(CapacityRow(fingerprint, share, have.ready_replicas, have.per_replica_rps, need))
-    return CapacityCheck(demand_rps, target_utilisation, tuple(rows))
+    return CapacityCheck(demand_rps, target_utilisation, tuple(rows), demand_unknown)
 
 
 def stated_capacity(revisions: Mapping[str, RevisionCapacity], per_replica_rps: float) -> dict[str, RevisionCapacity]:
@@ -113,9 +122,29 @@ def observed_demand(arrivals: Iterable[float], now: float, window_s: float) -> f
     return sum(1 for t in arrivals if now - window_s <= t <= now) / window_s
 
 
-def revisions_from_report(report: Mapping[str, Any]) -> dict[str, RevisionCapacity]:
-    """The worker's ``/v1/capacity`` answer as typed per-revision capacity."""
-    return {
-        fingerprint: RevisionCapacity(int(entry.get("ready_replicas", 0)), float(entry.get("requests_per_s", 0.0)))
-        for fingerprint, entry in report.get("revisions", {}).items()
-    }
+def revisions_from_report(report: Mapping[str, Any],
+                          counted: Mapping[str, Collection[str]] | None = None) -> dict[str, RevisionCapacity]:
+    """The worker's ``/v1/capacity`` answer as typed per-revision capacity.
+
+    With ``counted`` (revision: the endpoints the route sends it to), only those ready replicas count,
+    by the endpoint each one's ``ready_endpoints`` entry names; a revision not in ``counted`` has none.
+    """
+    found = {}
+    for fingerprint, entry in report.get("revisions", {}).items():
+        if counted is None:
+            found[fingerprint] = RevisionCapacity(int(entry.get("ready_replicas", 0)),
+                                                  float(entry.get("requests_per_s", 0.0)))
+            continue
+        named = set(counted.get(fingerprint, ()))
+        mine = [float(rps) for endpoint, rps in dict(entry.get("ready_endpoints", {})).items()
+                if endpoint.rstrip("/") in named]
+        found[fingerprint] = RevisionCapacity(len(mine), sum(mine))
+    return found
+
+
+def route_endpoints(*targets: tuple[str, Iterable[str]]) -> dict[str, set[str]]:
+    """Per revision, the endpoints whose replicas count for the route (``(fingerprint, endpoints)`` pairs)."""
+    counted: dict[str, set[str]] = {}
+    for fingerprint, endpoints in targets:
+        counted.setdefault(fingerprint, set()).update(endpoint.rstrip("/") for endpoint in endpoints)
+    return counted

@@ -142,6 +142,14 @@ def _after_approval(plan: RolloutPlan, state: RolloutState, event: ApprovalGiven
     return _next(plan, replace(state, approved_by=event.by))
 
 
+def commit_refused(state: RolloutState, reason: str) -> RolloutState:
+    """The promotion commit cannot be made (the candidate's replicas cannot carry all the traffic): the
+    rollout is rolled back instead, with the reason. Only a promotion not yet committed can be refused."""
+    if state.status != "promoted":
+        raise TransitionRefused(f"only a promotion can be refused at its commit; this rollout is {state.status}")
+    return _rolled_back(state, reason)
+
+
 def _rolled_back(state: RolloutState, reason: str) -> RolloutState:
     return replace(state, status="rolled_back", weight_ppm=0, shadow_ppm=0, reason=reason)
 

@@ -26,7 +26,8 @@ def replica_view(replica: Replica, in_flight: int = 0, probes: dict[str, bool] |
 
 
 def _empty_revision_entry() -> dict[str, Any]:
-    entry: dict[str, Any] = {"ready_replicas": 0, "requests_per_s": 0.0, "output_tokens_per_s": 0.0}
+    entry: dict[str, Any] = {"ready_replicas": 0, "requests_per_s": 0.0, "output_tokens_per_s": 0.0,
+                             "ready_endpoints": {}}
     entry.update({str(state): [] for state in (*PENDING, ReplicaState.READY, ReplicaState.DRAINING)})
     return entry
 
@@ -51,4 +52,6 @@ def capacity_report(replicas: Iterable[Replica], *, device: str = "cpu", slots: 
             entry["ready_replicas"] += 1
             entry["requests_per_s"] += replica.capacity.requests_per_s
             entry["output_tokens_per_s"] += replica.capacity.output_tokens_per_s
+            # By endpoint, so a controller counts only the replicas its route sends to.
+            entry["ready_endpoints"][replica.endpoint] = replica.capacity.requests_per_s
     return {"revisions": revisions, "device": device, "slots": slots, "free_slots": max(0, slots - live)}

@@ -274,14 +274,15 @@ def rollout(estate: Estate, folder: Path, route: str, plan: RolloutPlan, *, appr
                                                  created_at=datetime.now(UTC), reveal_revision=True))
     trace = folder / "trace.jsonl"
     trace.write_text("", encoding="utf-8")
-    with processes.router(routes, route, folder / "router", estate.token) as (public_url, admin_url):
+    sink = str(folder / "records")  # the router's records, as the flow reads them
+    with processes.router(routes, route, folder / "router", estate.token, sink=sink, router_id="edge") \
+            as (public_url, admin_url):
         spec = PromotionSpec(
             route=route, candidate_manifest=estate.digests["improved"], candidate_name="improved",
             artifact_store=estate.store, route_store=routes, signature=estate.policy, execution=EXECUTION,
             warm=WARM, gate_policy=demo_policy(), plan=plan, worker_url=estate.worker_url,
             worker_token_file=str(estate.token), router_url=public_url, router_admin_url=admin_url,
-            router_admin_token_file=str(estate.token), paired_records=str(folder / "router" / "paired.jsonl"),
-            router_records=str(folder / "router" / "records.jsonl"), trace=str(trace),
+            router_admin_token_file=str(estate.token), records_sink=sink, trace=str(trace),
             tracking_uri=f"sqlite:///{(folder / 'mlflow.db').resolve()}", evidence_root=str(folder / "evidence"),
             approval=approval, approval_timeout_s=600,  # type: ignore[arg-type]
         )

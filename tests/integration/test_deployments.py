@@ -72,7 +72,7 @@ def write_site(root: Path) -> tuple[Path, str]:
         "signature": {"kind": "key", "public_key": str(root / "publisher.pub")},
         "worker_url": "http://127.0.0.1:9", "worker_token_file": str(token), "router_url": "http://127.0.0.1:9",
         "router_admin_url": "http://127.0.0.1:9", "router_admin_token_file": str(token),
-        "paired_records": str(root / "paired.jsonl"), "trace": str(root / "trace.jsonl"),
+        "records_sink": str(root / "records"), "trace": str(root / "trace.jsonl"),
         "tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "evidence_root": str(root / "evidence"),
         "policy": "default", "plan": "half", "candidates": {"tiny": candidate}, "approval": "auto",
     }

@@ -105,8 +105,11 @@ def test_a_deployment_run_puts_the_candidate_on_every_agent_and_every_router_ser
                                                      reveal_revision=True))
         token = parts.token.read_text().strip()
         agents = [parts.worker_url, second_agent]
-        with processes.router(routes, ROUTE, tmp_path / "router-a", parts.token) as (url_a, admin_a), \
-                processes.router(routes, ROUTE, tmp_path / "router-b", parts.token) as (url_b, admin_b):
+        sink = str(tmp_path / "records")  # both routers write here: the flow's one evidence source
+        with processes.router(routes, ROUTE, tmp_path / "router-a", parts.token, sink=sink, router_id="router-a") \
+                as (url_a, admin_a), \
+                processes.router(routes, ROUTE, tmp_path / "router-b", parts.token, sink=sink,
+                                 router_id="router-b") as (url_b, admin_b):
             plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=2)], lease_seconds=60,
                                      rollback_window_seconds=0, candidate_replicas=2)
             tracking = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
@@ -117,8 +120,7 @@ def test_a_deployment_run_puts_the_candidate_on_every_agent_and_every_router_ser
                 more_workers=(second_agent,), worker_token_file=str(parts.token), router_url=url_a,
                 router_admin_url=admin_a, more_routers=(admin_b,), router_sync_s=60,
                 router_admin_token_file=str(parts.token),
-                paired_records=str(tmp_path / "router-a" / "paired.jsonl"),
-                router_records=str(tmp_path / "router-a" / "records.jsonl"), trace=str(tmp_path / "trace.jsonl"),
+                records_sink=sink, trace=str(tmp_path / "trace.jsonl"),
                 tracking_uri=tracking, evidence_root=str(tmp_path / "evidence"), approval="auto",
             )
             # The site configuration names the fleet; the Run form's fields name the route and the candidate.

@@ -66,7 +66,7 @@ class Ended:
 
 def roll_out(
     live: Estate, folder: Path, route: str, candidate: str, *, plan: RolloutPlan, policy: GatePolicy, rate: float,
-    mix: dict[str, float] | None = None, judge_url: str = "", local_records: bool = True,
+    mix: dict[str, float] | None = None, judge_url: str = "",
     beside: Any = None,
 ) -> Ended:
     """Run ``revgate promote`` for ``candidate`` with the probes off while users' traffic runs
@@ -86,7 +86,6 @@ def roll_out(
             artifact_store=live.store, route_store=routes, signature=live.policy, execution=EXECUTION, warm=WARM,
             gate_policy=policy, plan=plan, worker_url=live.worker_url, worker_token_file=str(live.token),
             router_url=public, router_admin_url=admin, router_admin_token_file=str(live.token), records_sink=sink,
-            router_records=str(folder / "router" / "records.jsonl") if local_records else "",
             trace=str(folder / "unused-trace.jsonl"),
             probes=False, batch_size=20, user_wait_s=60, judge_url=judge_url, judge_model="judge-7b",
             tracking_uri=tracking, evidence_root=str(folder / "evidence"), approval="auto",
@@ -169,8 +168,7 @@ def test_the_rollback_window_reads_every_routers_records_from_the_sink(live: Est
                               look_every=20, latency_metrics=[])
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=10)], lease_seconds=600,
                              rollback_window_seconds=20, post_promotion={"min_requests": 5})
-    ended = roll_out(live, tmp_path, "live-window", "improved", plan=plan, policy=policy, rate=3.0,
-                     local_records=False)
+    ended = roll_out(live, tmp_path, "live-window", "improved", plan=plan, policy=policy, rate=3.0)
     assert ended.code == 0 and "decision: promoted" in ended.output, ended.output
     client = MlflowClient(f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}")
     experiment = client.get_experiment_by_name("revgate/live-window")

@@ -280,7 +280,7 @@ def test_stable_short_of_capacity_refuses_the_rollout_before_anything_moves(part
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=1)], lease_seconds=20,
                              rollback_window_seconds=0, replica_capacity_rps="0.1")
     with rollout(parts, tmp_path, "short", plan, rate=3.0) as handle:
-        records = Path(handle.spec.router_records)
+        records = handle.folder / "router" / "records.jsonl"
 
         def seconds_of_traffic() -> bool:
             return records.exists() and len(records.read_bytes().splitlines()) >= 3 * 25

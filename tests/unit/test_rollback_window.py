@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
-from revgate.flows.evidence import RecordsTail
+from revgate.flows.evidence import SinkTail
 from revgate.manifests.rollout import PostPromotionCheck
 from revgate.promotion.window import ArmTally, WindowTally, tally, window_verdict
+from revgate.registry.record_store import FolderRecordStore, ObjectName
 
 OLD, NEW = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 PROMOTED_AT = 100.0
@@ -86,12 +87,14 @@ def test_an_equal_revision_watched_at_every_look_is_reverted_at_most_alpha_of_th
 
 
 def test_the_window_reads_from_where_the_rollout_began_and_keeps_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "records.jsonl"
-    old = record("error").to_json()
-    path.write_text(old + "\n" + old[:40])  # a record being written when the rollout began
-    tail = RecordsTail(path, RecordsTail.end_of(path))
-    assert tail.poll() == []
-    with path.open("a") as handle:
-        handle.write(old[40:] + "\n" + record().to_json() + "\n")
-    assert [r.outcome for r in tail.poll()] == ["ok"]  # the cut record is skipped, the new one read once
-    assert tail.poll() == []
+    def put(sequence: int, written_s: float, *records: RequestRecord) -> None:
+        name = ObjectName("demo", "requests", "edge-1", int(written_s * 1000), "b1", sequence)
+        FolderRecordStore(tmp_path).put(name.key, "".join(r.to_json() + "\n" for r in records).encode())
+
+    began = PROMOTED_AT - 50
+    put(0, began + 1, record("error", arrival=began - 5), record(arrival=began + 0.5))  # one before the rollout
+    tail = SinkTail(str(tmp_path), "demo", began)
+    assert [r.arrival_s for r in tail.poll()] == [began + 0.5]
+    assert tail.poll() == []  # read once
+    put(1, began + 2, record("error", arrival=began + 1.5))
+    assert [r.outcome for r in tail.poll()] == ["error"]

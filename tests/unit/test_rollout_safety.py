@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from revgate.manifests.rollout import RolloutPlan, SetWeight
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
 from revgate.manifests.route_change import canary, successor
 from revgate.promotion.capacity import (
@@ -13,8 +14,12 @@ from revgate.promotion.capacity import (
     check_capacity,
     observed_demand,
     required_replicas,
+    revisions_from_report,
+    route_endpoints,
     stated_capacity,
 )
+from revgate.promotion.fleet import merge_capacity
+from revgate.promotion.machine import StepApplied, TransitionRefused, advance, commit_refused, start
 from revgate.promotion.ownership import decision_of, drainable, lease_end, takeover
 from revgate.rollback.plan import revert_to, rollback_snapshot
 
@@ -101,3 +106,37 @@ def test_a_plan_stated_capacity_decides_whatever_the_warm_up_measured() -> None:
         assert not check.ok and ready["stable"].per_replica_rps == 0.1
     two = stated_capacity({"stable": RevisionCapacity(2, 9.0)}, 2.0)
     assert check_capacity({"stable": 1.0}, two, demand_rps=3.0, target_utilisation=0.8).ok
+
+
+def test_only_replicas_the_route_sends_to_count_as_its_capacity() -> None:
+    # Two agents' reports: stable's replica on the route, an orphan of stable (started by a rollout that died),
+    # another route's replica of the same revision, and the rollout's own candidate replica.
+    def entry(*endpoints: str) -> dict[str, object]:
+        return {"ready_replicas": len(endpoints), "requests_per_s": 10.0 * len(endpoints),
+                "ready_endpoints": dict.fromkeys(endpoints, 10.0)}
+
+    reports = [
+        {"revisions": {STABLE.fingerprint: entry("http://127.0.0.1:8001", "http://127.0.0.1:8009")}},
+        {"revisions": {STABLE.fingerprint: entry("http://10.0.0.7:8001"),
+                       CANDIDATE.fingerprint: entry("http://127.0.0.1:8002")}},
+    ]
+    counted = route_endpoints((STABLE.fingerprint, STABLE.endpoints),
+                              (CANDIDATE.fingerprint, ("http://127.0.0.1:8002/",)))
+    ready = merge_capacity([revisions_from_report(report, counted) for report in reports])
+    assert ready[STABLE.fingerprint] == RevisionCapacity(1, 10.0)  # summed over agents, it said 3 ready
+    assert ready[CANDIDATE.fingerprint] == RevisionCapacity(1, 10.0)
+    check = check_capacity({STABLE.fingerprint: 1.0}, ready, demand_rps=20.0, target_utilisation=0.8)
+    assert not check.ok and "has 1 ready, needs 3" in check.reason
+    unscoped = merge_capacity([revisions_from_report(report) for report in reports])
+    assert check_capacity({STABLE.fingerprint: 1.0}, unscoped, demand_rps=20.0, target_utilisation=0.8).ok
+
+
+def test_a_promotion_short_of_capacity_at_its_commit_is_rolled_back_with_the_reason() -> None:
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)])
+    promoted = advance(plan, start(plan), StepApplied())
+    assert promoted.status == "promoted"
+    refused = commit_refused(promoted, "the candidate's replicas cannot carry all the traffic")
+    assert (refused.status, refused.weight_ppm) == ("rolled_back", 0)
+    assert "cannot carry all the traffic" in refused.reason
+    with pytest.raises(TransitionRefused):
+        commit_refused(start(plan), "not a promotion")

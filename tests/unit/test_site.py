@@ -186,8 +186,22 @@ def test_the_routes_record_signers_reach_the_spec_and_bad_ones_are_refused_at_lo
     assert promotion_spec(site, "chat", "improved").record_signers == signers
     assert promotion_spec(load_site(write_site(tmp_path, site_json())), "chat", "improved").record_signers == {}
     for bad, expected in (({"a/b": pem}, "no router id"), ({"router-a": pem.replace("MC", "xx", 1)}, "PEM"),
-                          ({"router-a": pem}, "needs records_sink")):
-        sink = "" if expected == "needs records_sink" else "s3://records/prod"
+                          ({"router-a": pem}, "records_sink")):
+        sink = "" if expected == "records_sink" else "s3://records/prod"
         with pytest.raises(SiteConfigInvalid) as refused:
-            load_site(write_site(tmp_path, site_json(record_signers=bad, records_sink=sink, paired_records="p")))
+            load_site(write_site(tmp_path, site_json(record_signers=bad, records_sink=sink)))
         assert expected in str(refused.value) and "routes.chat" in str(refused.value)
+
+
+@pytest.mark.parametrize("field", ["router_records", "paired_records"])
+def test_a_routers_local_records_file_is_refused_with_the_sink_named_instead(tmp_path: Path, field: str) -> None:
+    # One router's local file holds 1/R of the traffic with R routers, and none where records go to S3:
+    # a capacity rule or a rollback window reading it is blind. The one source is the record sink.
+    with pytest.raises(SiteConfigInvalid) as refused:
+        load_site(write_site(tmp_path, site_json(**{field: "/srv/router/records.jsonl"})))
+    assert field in str(refused.value) and "records_sink" in str(refused.value) and "routes.chat" in str(refused.value)
+    spec = promotion_spec(load_site(write_site(tmp_path, site_json())), "chat", "improved")
+    with pytest.raises(ValueError, match=f"{field}.*give records_sink"):
+        PromotionSpec.model_validate({**spec.model_dump(mode="json"), field: "records.jsonl"})
+    with pytest.raises(ValueError, match="records_sink"):
+        PromotionSpec.model_validate({**spec.model_dump(mode="json"), "records_sink": ""})

@@ -6,14 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from revgate.evaluation.evidence import build_evidence
 from revgate.evaluation.gates import gates_from_policy, judge
 from revgate.evaluation.graders import exact_match
 from revgate.evaluation.records import RequestRecord
 from revgate.evaluation.traces import TraceEntry
-from revgate.flows.evidence import SinkTail, StageRecords
+from revgate.flows.evidence import DEMAND_LAG_S, DEMAND_WINDOW_S, RecordSource, SinkTail, StageRecords
 from revgate.flows.promote import PairGrading, with_provenance
 from revgate.manifests.gates import GatePolicy
+from revgate.promotion.capacity import RevisionCapacity, check_capacity
 from revgate.registry.record_signing import RecordSigner, new_key_pair
 from revgate.registry.record_store import FolderRecordStore, ObjectName, StageWindow
 from revgate.shadow.records import PairedRecord
@@ -185,3 +188,58 @@ def test_the_rollback_windows_tail_reads_only_the_named_routers_signed_records(t
     tail = SinkTail(str(store), "demo", 0.0, {"r1": key.public_pem().decode()})
     assert [record.request_id for record in tail.poll()] == ["a"] and tail.poll() == []
     assert sorted(record.request_id for record in SinkTail(str(store), "demo", 0.0).poll()) == ["a", "b", "c"]
+
+
+# --- the capacity rule's demand: every router's records in the sink -----------------------------
+
+
+def user(rid: str, arrival_s: float, *, arm: str = "stable", probe: bool = False, attempt: int = 1) -> str:
+    slices = {"class": "probe"} if probe else {}
+    return RequestRecord(request_id=rid, revision=STABLE, arm=arm, arrival_s=arrival_s, outcome="ok",  # type: ignore[arg-type]
+                         attempt=attempt, route="demo", generation=5, slices=slices).to_json()
+
+
+def put_at(root: Path, router: str, written_s: float, sequence: int, rows: list[str]) -> None:
+    name = ObjectName("demo", "requests", router, int(written_s * 1000), "b1", sequence)
+    FolderRecordStore(root).put(name.key, "".join(row + "\n" for row in rows).encode())
+
+
+def test_demand_is_every_routers_users_each_request_once(tmp_path: Path) -> None:
+    now = 1_800_000_000.0
+    until = now - DEMAND_LAG_S
+    since = until - DEMAND_WINDOW_S
+    # Edge 1: 30 users over the window, one retried (its second attempt is the same request).
+    put_at(tmp_path, "edge-1", since + 10, 0, [user(f"a{i}", since + i * 0.3) for i in range(30)])
+    put_at(tmp_path, "edge-1", since + 20, 1, [user("a3", since + 0.9, attempt=2)])
+    # Edge 2: 15 users, and what is no demand: the rollout's probes, the shadow's copies, requests before the
+    # window, and requests inside the lag (counted by the next look, not this one).
+    put_at(tmp_path, "edge-2", since + 25, 0, [
+        *(user(f"b{i}", since + 15 + i) for i in range(15)),
+        *(user(f"p{i}", since + 16, probe=True) for i in range(20)),
+        *(user(f"s{i}", since + 17, arm="shadow") for i in range(20)),
+        user("early", since - 1), user("late", until + 0.5),
+    ])
+    demand = RecordSource(str(tmp_path), "demo").demand(now)
+    assert demand.rps == pytest.approx(45 / DEMAND_WINDOW_S)  # one router's file alone would have said 30 or 15
+    assert not demand.unavailable and set(demand.per_router) == {"edge-1", "edge-2"}
+
+
+def test_demand_that_cannot_be_read_fails_the_capacity_rule_and_says_why(tmp_path: Path) -> None:
+    (tmp_path / "demo").write_text("not a folder")  # listing the route's records fails
+    demand = RecordSource(str(tmp_path), "demo").demand(1_800_000_000.0)
+    assert demand.unavailable
+    check = check_capacity({STABLE: 1.0}, {STABLE: RevisionCapacity(4, 40.0)}, demand_rps=demand.rps,
+                           target_utilisation=0.8, demand_unknown=demand.unavailable)
+    assert not check.ok and "demand is unknown" in check.reason  # never "0 req/s, one replica is enough"
+
+
+def test_demand_counts_only_the_named_routers_signed_records(tmp_path: Path) -> None:
+    now = 1_800_000_000.0
+    key = new_key_pair(tmp_path / "edge-1.key")
+    store = tmp_path / "store"
+    name = ObjectName("demo", "requests", "edge-1", int((now - 10) * 1000), "b1", 0)
+    body = "".join(user(f"a{i}", now - 20 + i * 0.1) + "\n" for i in range(12)).encode()
+    FolderRecordStore(store).put(name.key, key.sign(name.key, body))
+    put_at(store, "intruder", now - 10, 0, [user(f"x{i}", now - 20) for i in range(300)])  # unnamed, unsigned
+    demand = RecordSource(str(store), "demo", {"edge-1": key.public_pem().decode()}).demand(now)
+    assert demand.rps == pytest.approx(12 / DEMAND_WINDOW_S)
