@@ -231,11 +231,12 @@ class Promotion:
     """The mutable driver of one promotion: its spec, ledger run, candidate target, state and route hold."""
 
     def __init__(self, spec: PromotionSpec, ledger: EvidenceLedger, run: EvidenceRun, target: RevisionTarget,
-                 owner: RouteOwner | None = None) -> None:
+                 owner: RouteOwner | None = None, *, domains: dict[str, str] | None = None) -> None:
         self.spec = spec
         self.ledger = ledger
         self.run = run
         self.target = target
+        self.domains = domains or {}  # each candidate endpoint's failure domain, for the snapshot
         self.state = start(spec.plan)
         self.before = steps.current_route(spec)  # its stable is what the rollback window returns to
         # The window compares with the old stable's traffic while both served: read from here on.
@@ -273,7 +274,7 @@ class Promotion:
             if self.state.status in TERMINAL:
                 signed.append(self.sign_decision(current.generation + 1))
             return desired_route(current, self.state, self.target, lease_seconds=self.spec.plan.lease_seconds,
-                                 by=self.spec.created_by, now=now, keys=self.keys,
+                                 by=self.spec.created_by, now=now, keys=self.keys, domains=self.domains,
                                  attestation=signed[-1].digest if signed and signed[-1] else None)
 
         proposed = self.owner.commit(change)
@@ -614,7 +615,8 @@ class Rollout:
         ledger.log_step(run, "load", "ready", {**slowest([view.get("timings_s", {}) for view in views]),
                                                "replicas": float(len(views))})
         ledger.log_step(run, "isolated-check", "pass", slowest([isolated_task(view) for view in views]))
-        driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(views, revision))
+        driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(views, revision),
+                                         domains=steps.failure_domains(views))
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
                                    period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
                                    watches=[partial(steps.replica_fault, spec, replica_key(v)) for v in views])

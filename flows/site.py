@@ -15,7 +15,14 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from revgate.flows.spec import NO_AUTO_APPROVAL, PromotionSpec, auto_refused, refuse_local_records, signers_problem
+from revgate.flows.spec import (
+    LOCAL_RECORDS_FIELD,
+    NO_AUTO_APPROVAL,
+    PromotionSpec,
+    auto_refused,
+    local_records_problem,
+    signers_problem,
+)
 from revgate.manifests.document import describe_validation_error
 from revgate.manifests.errors import ManifestInvalid, RevgateError
 from revgate.manifests.gates import GatePolicy
@@ -58,6 +65,8 @@ class RouteSite(BaseModel):
                               "folder or s3://BUCKET/PREFIX): the flow's one evidence source")
     record_signers: dict[str, str] = Field(default_factory=dict, description="router id: its record-signing "
                                            "public key (PEM text or file); only these routers' signed objects count")
+    router_records: str = LOCAL_RECORDS_FIELD
+    paired_records: str = LOCAL_RECORDS_FIELD
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = True
     probe_concurrency: int | None = Field(default=4, ge=1)
@@ -87,10 +96,11 @@ class RouteSite(BaseModel):
     candidates: dict[str, str] = Field(default_factory=dict,
                                        description="candidate names a person may give instead of a digest")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_local_records(cls, data: object) -> object:
-        return refuse_local_records(data)
+    @model_validator(mode="after")
+    def _no_local_records(self) -> RouteSite:
+        if problem := local_records_problem(self):
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _signers_are_routers(self) -> RouteSite:

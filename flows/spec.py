@@ -27,20 +27,22 @@ def auto_refused(approval: str, plan: RolloutPlan) -> bool:
 LOCAL_RECORDS = ("router_records", "paired_records")
 
 
-def refuse_local_records(data: object) -> object:
-    """A document naming one router's local records files is refused with what to give instead.
+LOCAL_RECORDS_FIELD = Field(default="", exclude=True, description="no longer read: refused unless empty "
+                            "(every router writes to records_sink, the flow's one evidence source)")
+
+
+def local_records_problem(document: BaseModel) -> str:
+    """What is wrong when a document still names one router's local records files ("" when nothing).
 
     Those files hold one router's share of the traffic: a capacity rule or a rollback window reading
     them sees 1/R of the demand with R routers, and nothing where records go to S3.
     """
-    if isinstance(data, Mapping):
-        named = [key for key in LOCAL_RECORDS if key in data]
-        if named:
-            raise ValueError(f"{', '.join(named)}: the flow reads no router's local files any more; every router "
-                             "writes to the record sink and the flow reads the stages, the capacity rule's demand "
-                             "and the rollback window from it: give records_sink (revgate router --records-sink) "
-                             "and drop " + ", ".join(named))
-    return data
+    named = [key for key in LOCAL_RECORDS if getattr(document, key)]
+    if not named:
+        return ""
+    return (f"{', '.join(named)}: the flow reads no router's local files any more; every router writes to the record "
+            "sink and the flow reads the stages, the capacity rule's demand and the rollback window from it: give "
+            "records_sink (revgate router --records-sink) and drop " + ", ".join(named))
 
 
 def signers_problem(signers: Mapping[str, str], records_sink: str) -> str:
@@ -97,6 +99,8 @@ class PromotionSpec(BaseModel):
         default_factory=dict, description="the routers whose records count, each router id with its Ed25519 "
         "public key (PEM text, or a PEM file): only their signed objects are read; empty: every object in the "
         "record sink is believed (one machine)")
+    router_records: str = LOCAL_RECORDS_FIELD
+    paired_records: str = LOCAL_RECORDS_FIELD
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = Field(default=True, description="replay the trace as probe traffic; off: the gates judge "
                          "the users' traffic alone")
@@ -149,7 +153,8 @@ class PromotionSpec(BaseModel):
             raise ValueError(problem)
         return self
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_local_records(cls, data: object) -> object:
-        return refuse_local_records(data)
+    @model_validator(mode="after")
+    def _no_local_records(self) -> PromotionSpec:
+        if problem := local_records_problem(self):
+            raise ValueError(problem)
+        return self

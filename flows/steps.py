@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from revgate.flows.evidence import RecordSource
 from revgate.flows.spec import PromotionSpec
@@ -204,6 +205,16 @@ def candidate_target(views: list[dict[str, Any]], revision: ServiceRevision) -> 
     of its interface policy, which the routers enforce."""
     return RevisionTarget(fingerprint=revision.fingerprint, endpoints=tuple(str(view["endpoint"]) for view in views),
                           served_model=str(views[0]["served_model"]), limits=serving_limits(revision.interface))
+
+
+def failure_domains(views: list[dict[str, Any]]) -> dict[str, str]:
+    """Each candidate endpoint's failure domain: the host of the worker agent that runs it.
+
+    Replicas on one host fail together (its power, its network, its agent); the routers retry a
+    failed request on another domain first (serving/router/split.py: retry_order).
+    """
+    return {str(view["endpoint"]): urlsplit(str(view["worker_url"])).hostname or str(view["worker_url"])
+            for view in views}
 
 
 def router_admin(admin_url: str, token_file: str, path: str, method: str = "GET",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,6 +22,16 @@ def successor(current: RouteSnapshot, *, by: str, now: datetime, **changes: Any)
     fields.update({"decision_attestation": None}, **changes, generation=current.generation + 1, created_by=by,
                   created_at=now)
     return RouteSnapshot.build(**fields)
+
+
+def stable_domains(snapshot: RouteSnapshot) -> dict[str, str]:
+    """The snapshot's failure domains of stable's endpoints only: what stays when candidate and shadow leave."""
+    return {url: domain for url, domain in snapshot.failure_domains.items() if url in snapshot.stable.endpoints}
+
+
+def domains_of(endpoints: Iterable[str], domains: Mapping[str, str]) -> dict[str, str]:
+    """``domains`` (endpoint: failure domain) for ``endpoints`` alone."""
+    return {url: domains[url] for url in endpoints if url in domains}
 
 
 def as_target(target: RevisionTarget) -> dict[str, Any]:

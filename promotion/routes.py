@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
-from revgate.manifests.route_change import as_target, canary, mirror, same_traffic, successor
+from revgate.manifests.route_change import (
+    as_target,
+    canary,
+    domains_of,
+    mirror,
+    same_traffic,
+    stable_domains,
+    successor,
+)
 from revgate.promotion.machine import RolloutState
 
 
@@ -46,13 +55,15 @@ def desired_route(
     now: datetime,
     keys: RolloutKeys | None = None,
     attestation: str | None = None,
+    domains: Mapping[str, str] | None = None,
 ) -> RouteSnapshot | None:
     """The next snapshot for ``state``, or None when the committed route already routes that way.
 
     Leases are renewed by :func:`renew_leases`, not here, so a no-op step writes nothing. While the
     rollout runs, its ``keys`` are the route's cohort secret and probe credential; its decision clears them.
     A decision (promoted, rolled back) writes its ``attestation`` (the signed release decision's digest)
-    into the route's history even when the traffic is already so.
+    into the route's history even when the traffic is already so. ``domains`` names the failure domain
+    (the worker agent) of each candidate endpoint: the routers retry on another domain first.
     """
     ended = {"cohort_secret": "", "probe_credential": ""}
     if state.status == "promoted":
@@ -64,13 +75,15 @@ def desired_route(
         )
     elif state.status == "rolled_back":
         proposed = successor(current, by=by, now=now, candidate=None, shadow=None, decision_attestation=attestation,
-                             **ended)
+                             failure_domains=stable_domains(current), **ended)
     else:
         weighted = canary(candidate, state.weight_ppm, now, lease_seconds) if state.weight_ppm else None
         mirrored = mirror(candidate, state.shadow_ppm, now, lease_seconds) if state.shadow_ppm else None
         running = ended if keys is None else {"cohort_secret": keys.cohort_secret,
                                               "probe_credential": keys.probe_digest}
-        proposed = successor(current, by=by, now=now, candidate=weighted, shadow=mirrored, **running)
+        placed = domains_of(candidate.endpoints, domains or {}) if weighted or mirrored else {}
+        proposed = successor(current, by=by, now=now, candidate=weighted, shadow=mirrored,
+                             failure_domains={**stable_domains(current), **placed}, **running)
     return None if same_traffic(current, proposed) and proposed.decision_attestation is None else proposed
 
 

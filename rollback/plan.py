@@ -10,7 +10,7 @@ from datetime import datetime
 
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.route import RouteSnapshot
-from revgate.manifests.route_change import as_target, successor
+from revgate.manifests.route_change import as_target, stable_domains, successor
 
 
 class NothingToRollBack(RevgateError):
@@ -47,7 +47,8 @@ def plan_rollback(newest_first: Iterable[RouteSnapshot], *, by: str, now: dateti
         raise NothingToRollBack("the route has no snapshots", fix="Check the route name and the store URL.")
     if current.candidate is not None or current.shadow is not None:
         # The rollout's secrets end with it: its probe credential no longer declares evidence.
-        return successor(current, by=by, now=now, candidate=None, shadow=None, cohort_secret="", probe_credential="")
+        return successor(current, by=by, now=now, candidate=None, shadow=None, cohort_secret="", probe_credential="",
+                         failure_domains=stable_domains(current))
     good = next((snap for snap in generations if snap.stable.fingerprint != current.stable.fingerprint), None)
     if good is None:
         raise NothingToRollBack(

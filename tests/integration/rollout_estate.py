@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -215,6 +215,7 @@ class Rollout:
     router_url: str
     admin_url: str
     traffic: OpenLoop
+    more_traffic: list[OpenLoop] = field(default_factory=list)  # through the route's other routers, if any
     process: subprocess.Popen[str] | None = None
 
     @property
@@ -265,8 +266,9 @@ class Rollout:
 
 @contextmanager
 def rollout(estate: Estate, folder: Path, route: str, plan: RolloutPlan, *, approval: str = "auto",
-            rate: float = 1.5) -> Iterator[Rollout]:
-    """A route on the estate's stable replica, its router, open-loop traffic for the whole block, and a spec."""
+            rate: float = 1.5, routers: int = 1) -> Iterator[Rollout]:
+    """A route on the estate's stable replica, its routers (one record sink for all), open-loop traffic at
+    ``rate`` through each for the whole block, and a spec naming every router."""
     folder.mkdir(parents=True, exist_ok=True)
     routes = str(folder / "routes")
     stable = estate.stable()
@@ -274,24 +276,29 @@ def rollout(estate: Estate, folder: Path, route: str, plan: RolloutPlan, *, appr
                                                  created_at=datetime.now(UTC), reveal_revision=True))
     trace = folder / "trace.jsonl"
     trace.write_text("", encoding="utf-8")
-    sink = str(folder / "records")  # the router's records, as the flow reads them
-    with processes.router(routes, route, folder / "router", estate.token, sink=sink, router_id="edge") \
-            as (public_url, admin_url):
+    sink = str(folder / "records")  # every router's records, as the flow reads them
+    with ExitStack() as stack:
+        edges = [stack.enter_context(processes.router(routes, route, folder / ("router" if n == 0 else f"router-{n}"),
+                                                      estate.token, sink=sink, router_id=f"edge-{n + 1}"))
+                 for n in range(routers)]
+        (public_url, admin_url), more = edges[0], edges[1:]
         spec = PromotionSpec(
             route=route, candidate_manifest=estate.digests["improved"], candidate_name="improved",
             artifact_store=estate.store, route_store=routes, signature=estate.policy, execution=EXECUTION,
             warm=WARM, gate_policy=demo_policy(), plan=plan, worker_url=estate.worker_url,
             worker_token_file=str(estate.token), router_url=public_url, router_admin_url=admin_url,
-            router_admin_token_file=str(estate.token), records_sink=sink, trace=str(trace),
+            more_routers=tuple(admin for _, admin in more), router_admin_token_file=str(estate.token),
+            records_sink=sink, trace=str(trace),
             tracking_uri=f"sqlite:///{(folder / 'mlflow.db').resolve()}", evidence_root=str(folder / "evidence"),
             approval=approval, approval_timeout_s=600,  # type: ignore[arg-type]
         )
         traffic = OpenLoop(public_url, rate=rate)
-        with traffic.running():
-            handle = Rollout(estate, route, folder, spec, public_url, admin_url, traffic)
-            try:
-                yield handle
-            finally:
-                if handle.process is not None and handle.process.poll() is None:
-                    handle.process.kill()
-                    handle.process.wait(30)
+        stack.enter_context(traffic.running())
+        handle = Rollout(estate, route, folder, spec, public_url, admin_url, traffic,
+                         more_traffic=[stack.enter_context(OpenLoop(url, rate=rate).running()) for url, _ in more])
+        try:
+            yield handle
+        finally:
+            if handle.process is not None and handle.process.poll() is None:
+                handle.process.kill()
+                handle.process.wait(30)

@@ -141,6 +141,10 @@ def test_a_deployment_run_puts_the_candidate_on_every_agent_and_every_router_ser
             assert all(len(replicas) == 1 for replicas in placed.values()), placed
             endpoints = {str(r["endpoint"]).rstrip("/") for replicas in placed.values() for r in replicas}
             assert {url.rstrip("/") for url in final.stable.endpoints} == endpoints
+            # Each candidate endpoint named its agent's host as its failure domain while it served (one host here).
+            canary = next(s for s in history if s.candidate is not None)
+            assert canary.failure_domains == dict.fromkeys(canary.candidate.endpoints, "127.0.0.1")  # type: ignore[union-attr]
+            assert final.failure_domains == dict.fromkeys(final.stable.endpoints, "127.0.0.1")
             # Both routers serve the last generation and answer with the promoted revision.
             for public, admin in ((url_a, admin_a), (url_b, admin_b)):
                 assert generation_served(admin, token) == final.generation

@@ -22,7 +22,7 @@ def spec(tmp_path: Path, route: str) -> PromotionSpec:
         route=route, candidate_manifest="sha256:" + "2" * 64, artifact_store=str(tmp_path / "artifacts"),
         route_store=str(tmp_path / "routes"), signature=SignaturePolicySpec(kind="key", public_key="k.pub"),
         gate_policy=GatePolicy(), worker_url=unreachable, worker_token_file="t", router_url=unreachable,
-        router_admin_url=unreachable, router_admin_token_file="t", records_sink="records", trace="t",
+        router_admin_url=unreachable, router_admin_token_file="t", records_sink=str(tmp_path / "records"), trace="t",
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", evidence_root=str(tmp_path / "evidence"),
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.error
@@ -26,7 +27,7 @@ from revgate.manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
 from revgate.registry.follow import ROUTE_STATUS
 from revgate.registry.ledger import EvidenceLedger
 from tests.integration.commands import revgate
-from tests.integration.rollout_estate import Estate, Rollout, estate, rollout, wait_until
+from tests.integration.rollout_estate import Estate, OpenLoop, Rollout, estate, rollout, wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
@@ -272,28 +273,69 @@ def test_a_candidate_replica_killed_mid_canary_is_rolled_back_automatically(part
     assert run.data.tags["revgate.decision"] == "rolled_back"
 
 
+def records_span(handle: Rollout, seconds: float) -> bool:
+    """Every router of the rollout has recorded ``seconds`` of its traffic (its own local file, for the test)."""
+    more = range(1, len(handle.more_traffic) + 1)
+    folders = [handle.folder / "router", *(handle.folder / f"router-{n}" for n in more)]
+    rates = [handle.traffic.rate, *(loop.rate for loop in handle.more_traffic)]
+    for folder, rate in zip(folders, rates, strict=True):
+        records = folder / "records.jsonl"
+        if not records.exists() or len(records.read_bytes().splitlines()) < rate * seconds:
+            return False
+    return True
+
+
 @pytest.mark.timeout(600)
-def test_stable_short_of_capacity_refuses_the_rollout_before_anything_moves(parts: Estate, tmp_path: Path) -> None:
-    # What a replica carries, measured at warm-up, moves fivefold with the machine's load (4 to 21
-    # requests/s here), so the plan states it: 0.1 requests/s per replica at 80% makes 3 requests/s
-    # more than up to 37 stable replicas may take, on a quiet machine or a busy one.
+def test_stable_short_of_capacity_for_every_routers_demand_refuses_the_rollout_before_anything_moves(
+    parts: Estate, tmp_path: Path
+) -> None:
+    # The defect: demand was read from one router's local records file. Two routers, 1 request/s each:
+    # one router's file says 1 request/s, which one stable replica carries (1.5 x 80% = 1.2 requests/s);
+    # both routers' records in the sink say 2, which needs 2. The plan states what a replica carries:
+    # measured at warm-up it moves fivefold with the machine's load.
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=1)], lease_seconds=20,
-                             rollback_window_seconds=0, replica_capacity_rps="0.1")
-    with rollout(parts, tmp_path, "short", plan, rate=3.0) as handle:
-        records = handle.folder / "router" / "records.jsonl"
-
-        def seconds_of_traffic() -> bool:
-            return records.exists() and len(records.read_bytes().splitlines()) >= 3 * 25
-
-        wait_until(seconds_of_traffic, 120, "25 s of traffic in the router's records")
+                             rollback_window_seconds=0, replica_capacity_rps="1.5")
+    with rollout(parts, tmp_path, "short", plan, rate=1.0, routers=2) as handle:
+        wait_until(lambda: records_span(handle, 36), 180, "36 s of traffic through both routers")
         candidates_before = len(parts.states(parts.revision("improved").fingerprint))
         handle.start_flow()
         assert handle.wait_flow(300) == 2, handle.flow_log()[-3000:]
     out = handle.flow_log()
     assert "PromotionRefused" in out and "stable cannot carry the route's traffic" in out
+    seen = re.search(r"has 1 ready, needs (\d+) for 100% of ([0-9.]+) req/s", out)
+    assert seen is not None, out[-3000:]
+    assert int(seen.group(1)) == 2 and 1.6 <= float(seen.group(2)) <= 2.4  # both routers' demand, within 20%
     assert [s.generation for s in handle.history()] == [1]  # no traffic moved
     assert len(parts.states(parts.revision("improved").fingerprint)) == candidates_before  # nothing loaded
     assert "ready" in parts.states(handle.current().stable.fingerprint)
+
+
+@pytest.mark.timeout(1200)
+def test_a_candidate_short_of_capacity_at_the_promotion_commit_is_never_promoted(parts: Estate, tmp_path: Path) -> None:
+    # The defect: the promotion commit (all traffic to the candidate's one replica) skipped the capacity
+    # rule. Demand grows during the bake from 0.5 to 3 requests/s: half of it is within one replica's
+    # 1.2 requests/s (1.5 stated, at 80%), all of it needs 3.
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=45)], lease_seconds=20,
+                             rollback_window_seconds=0, replica_capacity_rps="1.5", capacity_wait_seconds=4)
+    with rollout(parts, tmp_path, "commit", plan, rate=0.5) as handle:
+        stable = handle.current().stable.fingerprint
+        wait_until(lambda: records_span(handle, 34), 180, "34 s of traffic through the router")
+        handle.start_flow()
+        wait_until(lambda: canary_weight(handle, 500_000), LOAD_S, "the canary at 50%")
+        candidate = handle.current().candidate.fingerprint  # type: ignore[union-attr]
+        with OpenLoop(handle.router_url, rate=2.5).running() as surge:
+            assert handle.wait_flow(300) == 3, handle.flow_log()[-3000:]
+        assert surge.failed() == []
+    history = handle.history()
+    assert all(s.stable.fingerprint == stable for s in history), "the candidate was made stable"
+    assert history[-1].candidate is None  # back on stable alone
+    run = evidence_run(handle)
+    assert run.data.tags["revgate.decision"] == "rolled_back"
+    out = handle.flow_log()
+    assert "the promotion was not committed" in out, out[-3000:]
+    assert handle.traffic.failed() == [] and handle.traffic.off_route(history) == []
+    assert "ready" in parts.states(stable)
+    assert candidate != stable
 
 
 def callers_own_failure(router_url: str, kind: str) -> int:

@@ -200,3 +200,23 @@ def test_a_rollback_lands_on_the_live_endpoints_of_its_stable_or_is_refused() ->
     assert on_live_endpoints(two, two.stable.endpoints) is two
     with pytest.raises(NoLiveStable, match="would land on nothing"):
         on_live_endpoints(two, [])
+
+
+def test_each_candidate_endpoint_names_its_failure_domain_while_it_serves_and_leaves_with_it() -> None:
+    spread = RevisionTarget(fingerprint=CANDIDATE.fingerprint, endpoints=("http://10.0.0.1:8002", "http://10.0.0.2:8002"))
+    domains = {"http://10.0.0.1:8002": "gpu-1", "http://10.0.0.2:8002": "gpu-2", "http://10.9.9.9:1": "elsewhere"}
+    first = route(failure_domains={"http://127.0.0.1:8001": "cpu-1"})
+    canary_route = desired_route(first, RolloutState(weight_ppm=500_000), spread, lease_seconds=60, by="f", now=NOW,
+                                 domains=domains)
+    assert canary_route is not None
+    assert canary_route.failure_domains == {"http://127.0.0.1:8001": "cpu-1", "http://10.0.0.1:8002": "gpu-1",
+                                            "http://10.0.0.2:8002": "gpu-2"}  # only the route's own endpoints
+    back = desired_route(canary_route, RolloutState(status="rolled_back"), spread, lease_seconds=60, by="f", now=NOW)
+    assert back is not None and back.failure_domains == {"http://127.0.0.1:8001": "cpu-1"}
+    promoted = desired_route(canary_route, RolloutState(status="promoted"), spread, lease_seconds=60, by="f", now=NOW)
+    assert promoted is not None and promoted.failure_domains == {"http://10.0.0.1:8002": "gpu-1",
+                                                                 "http://10.0.0.2:8002": "gpu-2"}
+    # An operator's rollback of the canary drops the candidate's domains with its endpoints (it was refused
+    # as a snapshot naming endpoints it does not route to).
+    assert rollback_snapshot([first, canary_route], by="oncall", now=NOW).failure_domains == {
+        "http://127.0.0.1:8001": "cpu-1"}

@@ -202,6 +202,6 @@ def test_a_routers_local_records_file_is_refused_with_the_sink_named_instead(tmp
     assert field in str(refused.value) and "records_sink" in str(refused.value) and "routes.chat" in str(refused.value)
     spec = promotion_spec(load_site(write_site(tmp_path, site_json())), "chat", "improved")
     with pytest.raises(ValueError, match=f"{field}.*give records_sink"):
-        PromotionSpec.model_validate({**spec.model_dump(mode="json"), field: "records.jsonl"})
+        PromotionSpec.model_validate_json(json.dumps({**spec.model_dump(mode="json"), field: "records.jsonl"}))
     with pytest.raises(ValueError, match="records_sink"):
-        PromotionSpec.model_validate({**spec.model_dump(mode="json"), "records_sink": ""})
+        PromotionSpec.model_validate_json(json.dumps({**spec.model_dump(mode="json"), "records_sink": ""}))
