@@ -67,6 +67,7 @@ from revgate.registry.follow import follow_route
 from revgate.registry.ledger import EvidenceLedger, EvidenceRun
 from revgate.registry.record_store import StageWindow
 from revgate.rollback.plan import revert_to
+from revgate.serving.worker.client import AgentEngine
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +91,15 @@ def ensure_route_lock(route: str) -> None:
 
 
 @task(name="pin")
-def pin_task(spec: PromotionSpec) -> ServiceRevision:
-    """Resolve the candidate's immutable documents."""
+def pin_task(spec: PromotionSpec) -> tuple[ServiceRevision, AgentEngine]:
+    """Resolve the candidate's immutable documents, on the agents' engine build."""
     return steps.pin(spec)
 
 
 @task(name="verify")
 def verify_task(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, float]:
-    """Digests, signature and compatibility, before anything is loaded."""
-    return steps.verify(spec, revision, Path(spec.evidence_root) / "verify-cache")
+    """The manifest's signature, before anything is loaded (the agents check the bytes they load)."""
+    return steps.verify(spec, revision, Path(spec.evidence_root) / "signatures")
 
 
 @task(name="capacity")
@@ -573,12 +574,15 @@ class Rollout:
         """Pin and open the evidence run, then everything else; the decision the route shows at the end."""
         spec = self.spec
         controller_key(spec)  # a controller key that cannot sign fails the rollout here, before anything moves
-        revision = pin_task(spec)
+        revision, engine = pin_task(spec)
         self.candidate = revision.fingerprint
         run = self.ledger.open_run(spec.route, revision.fingerprint, {"revgate.candidate_name": spec.candidate_name,
                                                                       "prefect_flow_run_id": flow_run.get_id() or ""})
         for name, document in (("service-revision", revision), ("gate-policy", spec.gate_policy), ("plan", spec.plan)):
             self.ledger.log_document(run, name, document)
+        # Whose engine the runtime was pinned from, and what it said it can run.
+        self.ledger.log_json(run, "agent-engine", {"agent": engine.url, "device": engine.device,
+                                                   "capabilities": engine.capabilities})
         decision = "failed"
         try:
             self._promote(run, revision)

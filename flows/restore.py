@@ -15,9 +15,8 @@ from pathlib import Path
 from revgate.flows.site import RouteSite
 from revgate.flows.steps import start_spread
 from revgate.manifests.errors import RevgateError
-from revgate.manifests.revision import ServiceRevision
+from revgate.manifests.revision import RuntimeEnvironment, ServiceRevision
 from revgate.manifests.route import RouteSnapshot
-from revgate.registry.runtime import engine_runtime
 from revgate.registry.store import open_store
 from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.request import ReplicaRequest
@@ -29,11 +28,10 @@ class RevisionUnknown(RevgateError):
     """The revision a rollback returns to cannot be started: neither the site nor the ledger has its documents."""
 
 
-def revision_of(settings: RouteSite, fingerprint: str) -> ServiceRevision:
-    """The service revision with ``fingerprint``: a site candidate pinned as a rollout pins it, or the one its
-    promotion run kept in the evidence ledger."""
+def revision_of(settings: RouteSite, fingerprint: str, runtime: RuntimeEnvironment) -> ServiceRevision:
+    """The service revision with ``fingerprint``: a site candidate pinned as a rollout pins it (on ``runtime``, the
+    agents' engine build), or the one its promotion run kept in the evidence ledger."""
     store = open_store(settings.artifact_store)
-    runtime = engine_runtime(Path(settings.engine_venv))
     for name, digest in settings.candidates.items():
         revision = ServiceRevision(name=name, artifact=store.get_manifest(digest), runtime=runtime,
                                    execution=settings.execution, interface=settings.interface)
@@ -74,10 +72,10 @@ def restorer(settings: RouteSite, say: Say = print, timeout_s: float = 900) -> C
     agents, and return their endpoints once every one is ready (verified, loaded, warmed)."""
 
     def restore(planned: RouteSnapshot) -> list[str]:
-        revision = revision_of(settings, planned.stable.fingerprint)
         token = Path(settings.worker_token_file).read_text(encoding="utf-8").strip()
         clients = {url.rstrip("/"): WorkerClient(url, token)
                    for url in dict.fromkeys((settings.worker_url, *settings.more_workers))}
+        revision = revision_of(settings, planned.stable.fingerprint, next(iter(clients.values())).engine().runtime)
         request = ReplicaRequest(revision=revision, store=settings.artifact_store,
                                  signature_policy=settings.signature, warm=settings.warm)
         endpoints = []

@@ -74,7 +74,6 @@ class RouteSite(BaseModel):
     judge_url: str = ""
     judge_model: str = ""
     batch_size: int = Field(default=200, ge=10)
-    engine_venv: str = ".venv-engine"
     execution: ExecutionConfig = ExecutionConfig()
     interface: InterfacePolicy = InterfacePolicy()
     warm: WarmProfile = WarmProfile()

@@ -113,7 +113,6 @@ class PromotionSpec(BaseModel):
     judge_url: str = Field(default="", description="OpenAI-compatible /v1 of the judge for judge-pairwise graders")
     judge_model: str = ""
     batch_size: int = Field(default=200, ge=10, description="requests between two looks of the gates")
-    engine_venv: str = ".venv-engine"
     tracking_uri: str
     evidence_root: str
     registered_model: str = Field(default="", description="the MLflow registered model of the route's "

@@ -30,10 +30,11 @@ from revgate.promotion.capacity import (
 )
 from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
 from revgate.registry.route_store import open_route_store
-from revgate.registry.runtime import engine_runtime
+from revgate.registry.signing import read_signed_files
 from revgate.registry.store import open_store
-from revgate.serving.worker.artifact import ArtifactPreparer
-from revgate.serving.worker.client import WorkerClient
+from revgate.registry.verify import as_artifact_paths, check_signature_matches
+from revgate.serving.worker.artifact import trust_policy
+from revgate.serving.worker.client import AgentEngine, WorkerClient
 from revgate.serving.worker.request import ReplicaRequest
 
 log = logging.getLogger(__name__)
@@ -50,16 +51,30 @@ class RoutersBehind(RevgateError):
 ReplicaKey = tuple[str, str]  # (worker agent URL, replica id): ids are only unique on their own agent
 
 
-def pin(spec: PromotionSpec) -> ServiceRevision:
-    """Resolve the candidate to its immutable documents: manifest by digest, this host's engine build."""
+def fleet_engine(spec: PromotionSpec) -> AgentEngine:
+    """The engine build the fleet's agents run: the runtime ``e`` a revision started on them pins.
+
+    The agents own the engine's identity; the controller (a CPU host, often) has no engine of its own
+    to ask. Agents on different builds would run different revisions of one candidate: refused.
+    """
+    engines = [client.engine() for client in fleet(spec)]
+    builds = {engine.runtime.digest: engine for engine in engines}
+    if len(builds) > 1:
+        described = "; ".join(f"{engine.url}: {engine.runtime.engine_distribution} {engine.runtime.engine_version} "
+                              f"on {engine.device} (lock {engine.runtime.lock_digest[:19]})" for engine in engines)
+        raise PromotionRefused(f"the fleet's agents run different engine builds: {described}", where="workers",
+                               fix="Run one engine build on every agent of the route, or name only agents that do.")
+    return engines[0]
+
+
+def pin(spec: PromotionSpec) -> tuple[ServiceRevision, AgentEngine]:
+    """Resolve the candidate to its immutable documents: manifest by digest, the agents' engine build; and
+    what the agents said of their engine (for the evidence)."""
     manifest = open_store(spec.artifact_store).get_manifest(spec.candidate_manifest)
-    return ServiceRevision(
-        name=spec.candidate_name,
-        artifact=manifest,
-        runtime=engine_runtime(Path(spec.engine_venv)),
-        execution=spec.execution,
-        interface=spec.interface,
-    )
+    engine = fleet_engine(spec)
+    revision = ServiceRevision(name=spec.candidate_name, artifact=manifest, runtime=engine.runtime,
+                               execution=spec.execution, interface=spec.interface)
+    return revision, engine
 
 
 def replica_request(spec: PromotionSpec, revision: ServiceRevision) -> ReplicaRequest:
@@ -67,10 +82,26 @@ def replica_request(spec: PromotionSpec, revision: ServiceRevision) -> ReplicaRe
     return ReplicaRequest(revision=revision, store=spec.artifact_store, signature_policy=spec.signature, warm=spec.warm)
 
 
-def verify(spec: PromotionSpec, revision: ServiceRevision, cache: Path) -> dict[str, float]:
-    """Fetch and verify digests, signature and compatibility here, before any worker loads a byte."""
-    prepared = ArtifactPreparer(Path(spec.engine_venv))(replica_request(spec, revision), cache)
-    return {"fetch_s": prepared.fetch_s, "verify_s": prepared.verify_s}
+def verify(spec: PromotionSpec, revision: ServiceRevision, scratch: Path) -> dict[str, float]:
+    """The pinned manifest and its signature, here, before any worker loads a byte: the signer is one the
+    policy trusts and every signed file and digest is the manifest's.
+
+    No weights come to the controller: each agent fetches the bytes it loads, re-hashes them against this
+    manifest and checks them against its own engine's capabilities (serving/worker/artifact.py).
+    """
+    started = time.monotonic()
+    digest = revision.artifact.digest
+    signature = open_store(spec.artifact_store).get_signature(digest)
+    if signature is None:
+        raise PromotionRefused(f"artifact {digest} has no signature in the store", where=spec.artifact_store,
+                               fix="Sign the artifact and push its signature (revgate artifacts sign, push).")
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / f"{digest.removeprefix('sha256:')}.sig"
+    path.write_bytes(signature)
+    signed = read_signed_files(path, trust_policy(spec.signature))
+    files = as_artifact_paths(signed.files, [entry.path for entry in revision.artifact.entries], path)
+    check_signature_matches(files, revision.artifact, path)
+    return {"verify_s": time.monotonic() - started}
 
 
 def current_route(spec: PromotionSpec) -> RouteSnapshot:

@@ -15,9 +15,11 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from revgate.manifests.errors import RevgateError
+from revgate.registry.compat import CPU_ENGINE, GPU_ENGINE
+from revgate.registry.runtime import engine_runtime
 from revgate.serving.worker.artifact import ArtifactPreparer, SealedArtifact
 from revgate.serving.worker.cores import bind_mask, least_used, split_cores
 from revgate.serving.worker.drain import Admission
@@ -35,6 +37,7 @@ from revgate.serving.worker.engine import (
 )
 from revgate.serving.worker.engine import engine_python as default_engine_python
 from revgate.serving.worker.proxy import ReplicaProxy
+from revgate.serving.worker.report import engine_report
 from revgate.serving.worker.request import ReplicaRequest
 from revgate.serving.worker.sealed import recheck, remove_tree
 from revgate.serving.worker.state import DrainReport, Failure, Replica, ReplicaState
@@ -165,7 +168,8 @@ class WorkerAgent:
         self.stop_timeout_s = stop_timeout_s
         python = engine_python or default_engine_python()
         # The engine environment is <venv>/bin/python; its lock names the runtime this host offers.
-        self.preparer = preparer or ArtifactPreparer(engine_venv=python.parent.parent, device=device)
+        self.engine_venv = python.parent.parent
+        self.preparer = preparer or ArtifactPreparer(engine_venv=self.engine_venv, device=device)
         self._replicas: dict[str, Replica] = {}
         self._running: dict[str, _Running] = {}
         self._ids = itertools.count(1)
@@ -174,6 +178,13 @@ class WorkerAgent:
         remove_tree(cache / "replicas")
 
     # ----- reading
+
+    def engine_report(self) -> dict[str, Any]:
+        """This host's engine build and capabilities (``GET /v1/engine``): what a revision started here runs on."""
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        engine = CPU_ENGINE if self.device == "cpu" else GPU_ENGINE
+        return engine_report(engine_runtime(self.engine_venv), engine, device=self.device,
+                             slots=len(self.slots), memory_bytes=memory)
 
     def replicas(self) -> list[Replica]:
         """A snapshot of every replica this agent has had, in start order."""

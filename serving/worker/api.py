@@ -10,6 +10,7 @@ right token gets 401 before its body is read, so it changes nothing.
     POST /v1/replicas/{id}/drain       drain (body: {"grace_s": N}) -> 202 + replica
     POST /v1/replicas/{id}/stop        drain with no grace period -> 202 + replica
     GET  /v1/capacity                  ready capacity per revision
+    GET  /v1/engine                    this host's engine build (the runtime a revision pins) and capabilities
 """
 
 from __future__ import annotations
@@ -107,9 +108,11 @@ class ControlApp:
     async def _route(self, method: str, path: str, receive: Receive) -> tuple[int, dict[str, Any]]:
         parts = path.strip("/").split("/")
         action = (method, *parts[:2], *(["{id}"] if len(parts) > 2 else []), *parts[3:])
-        if action == ("GET", "v1", "capacity"):
-            return 200, capacity_report(self.agent.replicas(), device=self.agent.device,
-                                        slots=len(self.agent.slots))
+        reports = {"capacity": lambda: capacity_report(self.agent.replicas(), device=self.agent.device,
+                                                       slots=len(self.agent.slots)),
+                   "engine": self.agent.engine_report}  # what this host has, and what it runs it with
+        if method == "GET" and len(parts) == 2 and parts[0] == "v1" and parts[1] in reports:
+            return 200, reports[parts[1]]()
         if action == ("GET", "v1", "replicas"):
             return 200, {"replicas": [self._view(replica.replica_id) for replica in self.agent.replicas()]}
         if action == ("POST", "v1", "replicas"):

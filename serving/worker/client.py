@@ -6,9 +6,13 @@ import json
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from revgate.manifests.errors import RevgateError
+from revgate.manifests.revision import RuntimeEnvironment
 from revgate.serving.worker.request import ReplicaRequest
 
 
@@ -30,6 +34,27 @@ def _error_detail(body: bytes) -> dict[str, str]:
     except (ValueError, AttributeError):
         return {"message": body[:300].decode("utf-8", "replace")}
     return detail
+
+
+@dataclass(frozen=True)
+class AgentEngine:
+    """An agent's answer to ``GET /v1/engine``, parsed strictly: its runtime ``e`` and its capabilities."""
+
+    url: str
+    runtime: RuntimeEnvironment
+    device: str
+    capabilities: dict[str, Any]
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any], *, where: str) -> AgentEngine:
+        """The typed document; WorkerRequestFailed naming the field when the answer is not one."""
+        try:
+            runtime = RuntimeEnvironment.model_validate(report["runtime"])
+            return cls(where.split(" ", 1)[-1].removesuffix("/v1/engine"), runtime, str(report["device"]),
+                       dict(report["capabilities"]))
+        except (KeyError, TypeError, ValidationError) as error:
+            raise WorkerRequestFailed(f"the agent's engine report is malformed: {error}", where=where,
+                                      fix="Run the same revgate version on the agent as on the controller.") from None
 
 
 class WorkerClient:
@@ -83,6 +108,10 @@ class WorkerClient:
     def capacity(self) -> dict[str, Any]:
         """Ready capacity per revision."""
         return self.call("GET", "/v1/capacity")
+
+    def engine(self) -> AgentEngine:
+        """The agent's engine build and what it can run."""
+        return AgentEngine.from_report(self.call("GET", "/v1/engine"), where=f"GET {self.url}/v1/engine")
 
     def wait_for(self, replica_id: str, states: set[str], timeout_s: float, every_s: float = 0.2) -> dict[str, Any]:
         """Poll until the replica is in one of ``states`` (or a terminal state); return its view."""

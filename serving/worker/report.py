@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
+from revgate.manifests.revision import RuntimeEnvironment
+from revgate.registry.compat import EngineCapabilities
 from revgate.serving.worker.state import Replica, ReplicaState
 
 # Listed per revision so a controller sees capacity on its way, but never counted as capacity.
@@ -23,6 +25,16 @@ def replica_view(replica: Replica, in_flight: int = 0, probes: dict[str, bool] |
     if replica.failure is not None:
         view["failure"]["log_tail"] = list(replica.failure.log_tail)
     return view
+
+
+def engine_report(runtime: RuntimeEnvironment, engine: EngineCapabilities, *, device: str, slots: int,
+                  memory_bytes: int) -> dict[str, Any]:
+    """What this host runs a revision with: its engine build (the runtime ``e`` a revision pins) and what
+    that build can run. The controller pins ``e`` from here, never from a build of its own."""
+    return {"runtime": runtime.model_dump(mode="json"), "device": device, "slots": slots,
+            "memory_bytes": memory_bytes,
+            "capabilities": {"head_sizes": sorted(engine.head_sizes), "dtypes": sorted(engine.dtypes),
+                             "quantization": sorted(engine.quantization)}}
 
 
 def _empty_revision_entry() -> dict[str, Any]:

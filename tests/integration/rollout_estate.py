@@ -239,8 +239,9 @@ class Rollout:
         spec_file.write_text(self.spec.model_dump_json(indent=2), encoding="utf-8")
         env = {**os.environ, "PREFECT_API_URL": self.estate.prefect_api, "PREFECT_LOGGING_LEVEL": "INFO"}
         log = (self.folder / "flow.log").open("w")
+        # From the rollout's own folder: a controller has no engine environment; it pins the agents' engine.
         self.process = subprocess.Popen([sys.executable, "-m", "revgate.cli.main", "promote", str(spec_file)], env=env,
-                                        stdout=log, stderr=subprocess.STDOUT, text=True)
+                                        stdout=log, stderr=subprocess.STDOUT, text=True, cwd=self.folder)
 
     def flow_log(self) -> str:
         """What the flow printed so far."""

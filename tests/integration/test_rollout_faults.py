@@ -331,8 +331,11 @@ def test_a_candidate_short_of_capacity_at_the_promotion_commit_is_never_promoted
     assert history[-1].candidate is None  # back on stable alone
     run = evidence_run(handle)
     assert run.data.tags["revgate.decision"] == "rolled_back"
-    out = handle.flow_log()
-    assert "the promotion was not committed" in out, out[-3000:]
+    decided = json.loads(evidence_file(handle, "decision"))
+    assert decided["decision"] == "rolled_back" and "the promotion was not committed" in decided["reason"], decided
+    capacity = [json.loads(evidence_file(handle, name)) for name in ("capacity-02", "capacity-03")]
+    assert [check["ok"] for check in capacity] == [False, False]  # at the commit, and again after the plan's wait
+    assert capacity[0]["revisions"][1]["share"] == 1.0 and capacity[0]["demand_rps"] > 1.2
     assert handle.traffic.failed() == [] and handle.traffic.off_route(history) == []
     assert "ready" in parts.states(stable)
     assert candidate != stable

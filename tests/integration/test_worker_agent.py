@@ -198,6 +198,16 @@ def test_wrong_token_is_refused_and_changes_nothing(worker: Worker) -> None:
     assert worker.client.replicas() == []
 
 
+def test_the_agent_names_its_engine_build_and_what_it_can_run(worker: Worker) -> None:
+    # The controller pins a revision's runtime from here: it has no engine environment of its own.
+    engine = worker.client.engine()
+    assert engine.runtime == engine_runtime(Path(".venv-engine"))
+    assert engine.runtime.device == engine.device == "cpu"
+    assert 64 in engine.capabilities["head_sizes"] and "bfloat16" in engine.capabilities["dtypes"]
+    with pytest.raises(WorkerUnauthorized, match="401"):
+        WorkerClient(worker.client.url, "not-the-token-at-all-000000").engine()
+
+
 def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drain(worker: Worker) -> None:
     client, request = worker.client, worker.request
     started = [client.start(request) for _ in range(3)]
@@ -306,6 +316,8 @@ def check_capacity(report: dict[str, Any], request: ReplicaRequest, ready: list[
     assert sorted(entry["ready"]) == sorted(r["replica_id"] for r in ready)
     expected = sum(r["capacity"]["requests_per_s"] for r in ready)
     assert abs(entry["requests_per_s"] - expected) < 1e-6
+    # By endpoint, so a controller counts only the replicas its route sends to.
+    assert entry["ready_endpoints"] == {r["endpoint"]: r["capacity"]["requests_per_s"] for r in ready}
 
 
 def check_serving(replica: dict[str, Any], request: ReplicaRequest) -> None:

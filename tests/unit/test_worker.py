@@ -519,3 +519,20 @@ def test_the_replica_proxy_times_out_slow_heads_and_bodies_and_cuts_off_a_caller
     assert half_body.startswith(b"HTTP/1.1 408") and b"request body not complete within 0.5 s" in half_body
     assert cut, "the proxy kept relaying to a caller who never read"
     assert in_flight == 0
+
+
+def test_an_agents_engine_report_is_parsed_strictly() -> None:
+    from revgate.manifests.revision import RuntimeEnvironment
+    from revgate.registry.compat import GPU_ENGINE
+    from revgate.serving.worker.client import AgentEngine, WorkerRequestFailed
+    from revgate.serving.worker.report import engine_report
+
+    runtime = RuntimeEnvironment(engine_distribution="vllm", engine_version="0.11.0", torch_version="2.8.0",
+                                 device="cuda", lock_digest="sha256:" + "a" * 64)
+    report = engine_report(runtime, GPU_ENGINE, device="cuda", slots=8, memory_bytes=1 << 40)
+    engine = AgentEngine.from_report(json.loads(json.dumps(report)), where="GET http://gpu-1:9000/v1/engine")
+    assert (engine.url, engine.runtime, engine.device) == ("http://gpu-1:9000", runtime, "cuda")
+    assert engine.capabilities["head_sizes"] == sorted(GPU_ENGINE.head_sizes)
+    for broken in ({**report, "runtime": {"engine": "vllm"}}, {"device": "cuda"}):
+        with pytest.raises(WorkerRequestFailed, match="engine report is malformed"):
+            AgentEngine.from_report(broken, where="GET http://gpu-1:9000/v1/engine")
