@@ -60,7 +60,7 @@ def test_a_candidate_signed_by_another_key_is_refused_by_the_flow_before_any_age
 ) -> None:
     from revgate.flows.promote import promote_revision
 
-    token = processes.token_file(tmp_path / "token")
+    token = processes.token_file(tmp_path / "agent-token")
     with processes.worker_agent(tmp_path / "agent", token) as worker_url:
         spec = tampered_spec(tmp_path, zoo_dir, "untrusted", worker_url, token, signed_by="intruder")
         with pytest.raises(RevgateError) as refused:
@@ -78,7 +78,7 @@ def test_a_candidate_signed_by_another_key_is_refused_by_the_flow_before_any_age
 def test_a_tampered_weight_passes_the_controllers_check_and_the_agent_refuses_it_before_loading(
     zoo_dir: Path, tmp_path: Path
 ) -> None:
-    token = processes.token_file(tmp_path / "token")
+    token = processes.token_file(tmp_path / "agent-token")
     with processes.worker_agent(tmp_path / "agent", token) as worker_url:
         spec = tampered_spec(tmp_path, zoo_dir, "tampered", worker_url, token, signed_by="publisher")
         shard = max((tmp_path / "artifacts" / "blobs" / "sha256").iterdir(), key=lambda blob: blob.stat().st_size)
