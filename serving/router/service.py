@@ -44,7 +44,7 @@ from revgate.serving.router.records import JsonLinesWriter
 from revgate.serving.router.relay import Relay
 from revgate.serving.router.sink import ObjectSink, Sink, Tee
 from revgate.serving.router.split import PinnedRoute, Target, compile_route, retry_order
-from revgate.serving.router.upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
+from revgate.serving.router.upstream import Address, UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
 from revgate.shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
 from revgate.shadow.policy import side_effecting_document
 
@@ -157,6 +157,18 @@ def _tpot_s(record: dict[str, Any]) -> float | None:
     if first is None or last is None or not tokens or tokens < 2:
         return None
     return float((last - first) / (tokens - 1))
+
+
+def _send(call: Call, connection: UpstreamConnection, address: Address, relay: Relay) -> None:
+    """Send the call's request to ``address`` on ``connection``, its answer into ``relay``.
+
+    The one way a proxied request leaves the router (the first attempt, a retry, a resend on a
+    fresh connection, the fallback to stable), so every attempt carries the same bytes and the
+    caller's backpressure reaches the connection actually serving it.
+    """
+    call.caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
+    connection.send(request_bytes(call.request.method, call.path, address, call.body,
+                                  b"X-Request-Id: " + call.request_id.encode() + b"\r\n"), relay)
 
 
 def _upstream_body(target: Target, path: bytes, body: bytes, document: Any, changed: bool) -> tuple[bytes, bool]:
@@ -427,11 +439,8 @@ class Router:
                       on_settled=self._pooled_settled, context=call)
         call.relay = relay
         call.timer = self._loop.call_at(call.deadline, self._pooled_expired, call)
-        caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
         caller.on_lost = lambda: self._pooled_lost(call)
-        address = call.target.endpoints[first]
-        connection.send(request_bytes(call.request.method, call.path, address, call.body,
-                                      b"X-Request-Id: " + call.request_id.encode() + b"\r\n"), relay)
+        _send(call, connection, call.target.endpoints[first], relay)
 
     def _pooled_settled(self, relay: Relay) -> None:
         call: Call = relay.context
@@ -555,10 +564,7 @@ class Router:
                 self.ejections.failed(address, self._loop.time())  # refused: no new requests for a while
                 relay.on_error(error)
                 return relay
-            call.caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
-            wire = request_bytes(call.request.method, call.path, address, call.body,
-                                 b"X-Request-Id: " + call.request_id.encode() + b"\r\n")
-            connection.send(wire, relay)
+            _send(call, connection, address, relay)
             try:
                 await relay.wait()
             except asyncio.CancelledError:
