@@ -15,21 +15,21 @@ import json
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
-from revgate.manifests.errors import ManifestInvalid, RevgateError
+from revgate.manifests.errors import ManifestInvalid
 from revgate.manifests.route import RouteSnapshot, RouteStore
-from revgate.registry.record_signing import RecordSigner
-from revgate.registry.record_store import check_router_id, open_record_store
+from revgate.registry.record_store import open_record_store
 from revgate.serving.admin_token import authorized
+from revgate.serving.router.call import Call
+from revgate.serving.router.config import RouterConfig, check_config
 from revgate.serving.router.ejection import Ejections
 from revgate.serving.router.http import Request, ServerConnection, serve
 from revgate.serving.router.ids import RequestIds, bad_id, caller_text
-from revgate.serving.router.limits import MIB, Limits, Watchdog
+from revgate.serving.router.limits import Watchdog
 from revgate.serving.router.metrics import RouterMetrics
 from revgate.serving.router.parse import (
     Usage,
@@ -48,6 +48,10 @@ from revgate.serving.router.upstream import Address, UpstreamConnection, Upstrea
 from revgate.shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
 from revgate.shadow.policy import side_effecting_document
 
+# What other code imports from here: the parts that moved out are re-exported, so it need not know.
+__all__ = ["MAX_TIMEOUT_DIGITS", "RECORD_KEYS", "REPLAY_ONLY_KEYS", "Router", "RouterConfig", "check_config",
+           "run_router"]
+
 log = logging.getLogger("revgate.router")
 
 PROXIED = {
@@ -62,60 +66,6 @@ BAD_TIMEOUT = json.dumps({"error": {
     "type": "invalid_request_error", "where": "header x-revgate-timeout-ms",
     "fix": "Send a positive whole number of milliseconds, e.g. 30000, or leave the header out.",
 }}).encode()
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    """How one router process runs."""
-
-    route: str
-    records: Path | None = None
-    paired_records: Path | None = None
-    records_sink: str | None = None  # a folder or s3://BUCKET/PREFIX: one object per router per interval
-    router_id: str = "router"  # names this router's objects in the record store
-    records_signer: RecordSigner | None = None  # signs each object (registry/record_signing.py); None: unsigned
-    sink_interval_s: float = 1.0
-    sink_capacity: int = 100_000  # records held per kind while the store cannot be written; then the oldest go
-    admin_token: str | None = None
-    poll_interval_s: float = 1.0
-    record_outputs: bool = False
-    shadow_queue: int = 256
-    shadow_queue_bytes: int = 64 * MIB  # request bodies and stable answers held for the mirror, together
-    shadow_concurrency: int = 4
-    shadow_connect_timeout_s: float = 2.0
-    limits: Limits = field(default_factory=Limits)  # the HTTP front's caps and timeouts, on the public and admin ports
-    record_keep_bytes: int = 1024 * 1024  # of one answer, kept for its record (its two ends past this)
-
-
-@dataclass(slots=True)
-class Call:
-    """One caller request, pinned: everything decided at entry."""
-
-    caller: ServerConnection
-    request: Request
-    route: PinnedRoute
-    target: Target
-    path: bytes
-    body: bytes
-    request_id: str  # the router's
-    caller_request_id: str  # the caller's x-request-id, kept as given (evidence, never a key)
-    tenant: str
-    slices: dict[str, str]
-    arrival_s: float
-    headers: bytes
-    labels: tuple[tuple[str, str], ...]  # the in-flight gauge's
-    attempts: int = 0
-    endpoint: str = ""
-    expired: bool = False
-    relay: Relay | None = field(default=None)
-    deadline: float = 0.0  # loop time
-    timer: asyncio.TimerHandle | None = None
-    connection: UpstreamConnection | None = None
-    first: int = 0  # the first endpoint tried
-    document: Any = None  # the request body's JSON, parsed once at entry (UNREADABLE if it is not JSON)
-    callers_deadline: bool = False  # the deadline is the caller's own shorter one, not the route's
-    revealed: bool = False  # the answer names the revision and arm (a credentialed caller, or the route says so)
-    stripped: bool = False  # evidence metadata was dropped from the parsed body: it is written again
 
 
 def _error_body(message: str, kind: str) -> bytes:
@@ -890,25 +840,3 @@ async def run_router(store: RouteStore, config: RouterConfig, *, host: str, port
         await asyncio.Event().wait()
     finally:
         await router.close()
-
-
-def check_config(config: RouterConfig) -> None:
-    """Refuse a configuration that cannot work, before listening."""
-    if config.poll_interval_s <= 0:
-        raise RevgateError("poll interval must be positive", where="--poll-interval", fix="Give seconds, e.g. 1.0.")
-    for name in fields(Limits):
-        if getattr(config.limits, name.name) <= 0:
-            flag = "--" + name.name.removesuffix("_s").replace("_", "-")
-            raise RevgateError(f"{name.name} must be positive", where=flag, fix="See docs/router.md, limits.")
-    if config.records_sink is not None:
-        check_router_id(config.router_id)
-        open_record_store(config.records_sink)
-    if config.sink_interval_s <= 0 or config.sink_capacity <= 0:
-        raise RevgateError("the record sink's interval and capacity must be positive", where="--sink-interval",
-                           fix="Give seconds, e.g. 1.0, and a record count, e.g. 100000.")
-    if config.record_keep_bytes < 2:
-        raise RevgateError("the bytes kept per answer must be at least 2", where="--record-keep-bytes",
-                           fix="Give bytes, e.g. 1048576.")
-    if config.shadow_queue_bytes <= 0:
-        raise RevgateError("the shadow queue's bytes must be positive", where="--shadow-queue-bytes",
-                           fix="Give bytes, e.g. 67108864.")
