@@ -20,6 +20,7 @@ waits for the request in progress, then it is the connection's last; input after
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -50,6 +51,12 @@ REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 # Where a connection is in reading its current request: what the watchdog times.
 IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3
 SERVER_ERROR = b'{"error":{"message":"internal error in the router","type":"internal_error"}}'
+NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
+
+
+def error_body(message: str, kind: str) -> bytes:
+    """An OpenAI-shaped error object: the answers the router gives itself, on either port."""
+    return json.dumps({"error": {"message": message, "type": kind}}).encode()
 
 
 class _Refused(Exception):

@@ -4,6 +4,10 @@ The current snapshot lives in one attribute (``self.route``). A refresh validate
 compiles it, and replaces that reference; a request reads it exactly once at entry, so a swap only
 affects later requests. Everything per request (canary assignment, retries, the response headers
 naming revision and generation, the records) follows from that one read.
+
+This module is the request path and the snapshot it reads. Its parts live beside it: the call's
+state (call.py), labels and records (evidence.py), shadow copies (shadow_dispatch.py), the admin
+port (admin.py) and the configuration (config.py).
 """
 
 from __future__ import annotations
@@ -15,38 +19,30 @@ import json
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field, fields
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome, RequestRecord
-from revgate.manifests.errors import ManifestInvalid, RevgateError
+from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome
+from revgate.manifests.errors import ManifestInvalid
 from revgate.manifests.route import RouteSnapshot, RouteStore
-from revgate.registry.record_signing import RecordSigner
-from revgate.registry.record_store import check_router_id, open_record_store
-from revgate.serving.admin_token import authorized
+from revgate.serving.router.admin import AdminApi
+from revgate.serving.router.call import Call
+from revgate.serving.router.config import RouterConfig, check_config
 from revgate.serving.router.ejection import Ejections
-from revgate.serving.router.http import Request, ServerConnection, serve
+from revgate.serving.router.evidence import RECORD_KEYS, REPLAY_ONLY_KEYS, Recorder, RecordOutlets, declared_labels
+from revgate.serving.router.http import NO_ROUTE, Request, ServerConnection, error_body, serve
 from revgate.serving.router.ids import RequestIds, bad_id, caller_text
-from revgate.serving.router.limits import MIB, Limits, Watchdog
+from revgate.serving.router.limits import Watchdog
 from revgate.serving.router.metrics import RouterMetrics
-from revgate.serving.router.parse import (
-    Usage,
-    cap_output_tokens,
-    drop_evidence_metadata,
-    output_text,
-    parse_body,
-    rewrite_model,
-    usage_of,
-)
-from revgate.serving.router.records import JsonLinesWriter
+from revgate.serving.router.parse import cap_output_tokens, drop_evidence_metadata, parse_body, rewrite_model
 from revgate.serving.router.relay import Relay
-from revgate.serving.router.sink import ObjectSink, Sink, Tee
+from revgate.serving.router.shadow_dispatch import ShadowDispatch
 from revgate.serving.router.split import PinnedRoute, Target, compile_route, retry_order
-from revgate.serving.router.upstream import UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
-from revgate.shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
-from revgate.shadow.policy import side_effecting_document
+from revgate.serving.router.upstream import Address, UpstreamConnection, UpstreamError, UpstreamPool, request_bytes
+
+# What other code imports from here: the parts that moved out are re-exported, so it need not know.
+__all__ = ["MAX_TIMEOUT_DIGITS", "RECORD_KEYS", "REPLAY_ONLY_KEYS", "Router", "RouterConfig", "check_config",
+           "run_router"]
 
 log = logging.getLogger("revgate.router")
 
@@ -55,71 +51,13 @@ PROXIED = {
     ("POST", b"/v1/chat/completions"),
     ("GET", b"/v1/models"),
 }
-NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
 MAX_TIMEOUT_DIGITS = 9  # x-revgate-timeout-ms: up to about 11 days, far past any route's deadline
 BAD_TIMEOUT = json.dumps({"error": {
     "message": f"x-revgate-timeout-ms is not a whole number of milliseconds of at most {MAX_TIMEOUT_DIGITS} digits",
     "type": "invalid_request_error", "where": "header x-revgate-timeout-ms",
     "fix": "Send a positive whole number of milliseconds, e.g. 30000, or leave the header out.",
 }}).encode()
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    """How one router process runs."""
-
-    route: str
-    records: Path | None = None
-    paired_records: Path | None = None
-    records_sink: str | None = None  # a folder or s3://BUCKET/PREFIX: one object per router per interval
-    router_id: str = "router"  # names this router's objects in the record store
-    records_signer: RecordSigner | None = None  # signs each object (registry/record_signing.py); None: unsigned
-    sink_interval_s: float = 1.0
-    sink_capacity: int = 100_000  # records held per kind while the store cannot be written; then the oldest go
-    admin_token: str | None = None
-    poll_interval_s: float = 1.0
-    record_outputs: bool = False
-    shadow_queue: int = 256
-    shadow_queue_bytes: int = 64 * MIB  # request bodies and stable answers held for the mirror, together
-    shadow_concurrency: int = 4
-    shadow_connect_timeout_s: float = 2.0
-    limits: Limits = field(default_factory=Limits)  # the HTTP front's caps and timeouts, on the public and admin ports
-    record_keep_bytes: int = 1024 * 1024  # of one answer, kept for its record (its two ends past this)
-
-
-@dataclass(slots=True)
-class Call:
-    """One caller request, pinned: everything decided at entry."""
-
-    caller: ServerConnection
-    request: Request
-    route: PinnedRoute
-    target: Target
-    path: bytes
-    body: bytes
-    request_id: str  # the router's
-    caller_request_id: str  # the caller's x-request-id, kept as given (evidence, never a key)
-    tenant: str
-    slices: dict[str, str]
-    arrival_s: float
-    headers: bytes
-    labels: tuple[tuple[str, str], ...]  # the in-flight gauge's
-    attempts: int = 0
-    endpoint: str = ""
-    expired: bool = False
-    relay: Relay | None = field(default=None)
-    deadline: float = 0.0  # loop time
-    timer: asyncio.TimerHandle | None = None
-    connection: UpstreamConnection | None = None
-    first: int = 0  # the first endpoint tried
-    document: Any = None  # the request body's JSON, parsed once at entry (UNREADABLE if it is not JSON)
-    callers_deadline: bool = False  # the deadline is the caller's own shorter one, not the route's
-    revealed: bool = False  # the answer names the revision and arm (a credentialed caller, or the route says so)
-    stripped: bool = False  # evidence metadata was dropped from the parsed body: it is written again
-
-
-def _error_body(message: str, kind: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind}}).encode()
+_declared = declared_labels  # the name the record-sink tests know it by
 
 
 def _expire(call: Call, task: asyncio.Task[None]) -> None:
@@ -127,36 +65,16 @@ def _expire(call: Call, task: asyncio.Task[None]) -> None:
     task.cancel()
 
 
-# A record as its JSON object (see Router._record): RequestRecord's fields, in order. Checked at
-# import, so a change to RequestRecord cannot silently drift from the lines the router writes.
-RECORD_KEYS = (
-    "request_id", "revision", "arm", "arrival_s", "outcome", "attempt", "route", "generation", "tenant", "slices",
-    "endpoint", "first_token_s", "last_token_s", "prompt_tokens", "output_tokens", "finish_reason", "status_code",
-    "error", "output_text", "reference", "caller_request_id",
-)
-REPLAY_ONLY_KEYS = ("router_request_id",)  # what only a replay knows (the router's id is its request_id)
-if tuple(item.name for item in fields(RequestRecord)) != (*RECORD_KEYS, *REPLAY_ONLY_KEYS):  # pragma: no cover
-    raise ImportError("serving.router.service: RequestRecord's fields changed; update Router._record and RECORD_KEYS")
+def _send(call: Call, connection: UpstreamConnection, address: Address, relay: Relay) -> None:
+    """Send the call's request to ``address`` on ``connection``, its answer into ``relay``.
 
-
-def _ttft_s(record: dict[str, Any]) -> float | None:
-    """``RequestRecord.ttft_s`` of a record object."""
-    first = record["first_token_s"]
-    return None if first is None else float(first - record["arrival_s"])
-
-
-def _e2e_s(record: dict[str, Any]) -> float | None:
-    """``RequestRecord.e2e_s`` of a record object."""
-    last = record["last_token_s"]
-    return None if last is None else float(last - record["arrival_s"])
-
-
-def _tpot_s(record: dict[str, Any]) -> float | None:
-    """``RequestRecord.tpot_s`` of a record object."""
-    first, last, tokens = record["first_token_s"], record["last_token_s"], record["output_tokens"]
-    if first is None or last is None or not tokens or tokens < 2:
-        return None
-    return float((last - first) / (tokens - 1))
+    The one way a proxied request leaves the router (the first attempt, a retry, a resend on a
+    fresh connection, the fallback to stable), so every attempt carries the same bytes and the
+    caller's backpressure reaches the connection actually serving it.
+    """
+    call.caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
+    connection.send(request_bytes(call.request.method, call.path, address, call.body,
+                                  b"X-Request-Id: " + call.request_id.encode() + b"\r\n"), relay)
 
 
 def _upstream_body(target: Target, path: bytes, body: bytes, document: Any, changed: bool) -> tuple[bytes, bool]:
@@ -193,45 +111,6 @@ def _outcome(status: int) -> Outcome:
     return "rejected" if status in (429, 503) else "error"
 
 
-def _slices(header: bytes | None) -> dict[str, str]:
-    """``x-revgate-slices: lang=en;bucket=short`` into a dict."""
-    if not header:
-        return {}
-    pairs = (item.split("=", 1) for item in header.decode(errors="replace").split(";") if "=" in item)
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-MAX_LABELS = 16  # declared labels kept per request, each at most MAX_LABEL_CHARS
-MAX_LABEL_CHARS = 128
-_LABEL_HEADERS = ((b"x-revgate-class", "class"), (b"x-revgate-task", "task"))
-
-
-def _declared(headers: dict[bytes, bytes], document: Any) -> dict[str, str]:
-    """The labels a request declares about itself, for slicing: ``x-revgate-slices``, ``x-revgate-class``,
-    ``x-revgate-task``, and the body's ``metadata`` entries named ``revgate_<label>`` (headers win).
-
-    ``document`` is the body as parsed once at entry.
-    """
-    labels = _slices(headers.get(b"x-revgate-slices"))
-    if isinstance(document, dict) and "metadata" in document:
-        labels = {**_metadata_labels(document), **labels}
-    for header, key in _LABEL_HEADERS:
-        value = headers.get(header)
-        if value:
-            labels[key] = value.decode(errors="replace").strip()
-    if len(labels) > MAX_LABELS or any(len(key) + len(value) > MAX_LABEL_CHARS for key, value in labels.items()):
-        labels = {key[:MAX_LABEL_CHARS]: value[:MAX_LABEL_CHARS] for key, value in list(labels.items())[:MAX_LABELS]}
-    return labels
-
-
-def _metadata_labels(document: dict[str, Any]) -> dict[str, str]:
-    metadata = document.get("metadata")
-    if not isinstance(metadata, dict):
-        return {}
-    return {key.removeprefix("revgate_"): value for key, value in metadata.items()
-            if isinstance(key, str) and key.startswith("revgate_") and isinstance(value, str)}
-
-
 class Router:
     """Serves one route from a route store."""
 
@@ -242,35 +121,25 @@ class Router:
         self.regressed: dict[str, Any] | None = None  # set while the store holds an older generation than served
         self.metrics = RouterMetrics()
         self.pool = UpstreamPool()
-        self.sinks: dict[str, ObjectSink] = {}
-        self.files = {kind: JsonLinesWriter(path, capacity=config.sink_capacity, kind=kind)
-                      for kind, path in (("requests", config.records), ("paired", config.paired_records))
-                      if path is not None}
-        self.records: Sink = self._sink(self.files.get("requests") or JsonLinesWriter(None), "requests")
-        self.paired: Sink = self._sink(self.files.get("paired") or JsonLinesWriter(None), "paired")
-        self.mirror = ShadowMirror(
-            self._send_shadow, self.paired.append, capacity=config.shadow_queue,
-            capacity_bytes=config.shadow_queue_bytes, concurrency=config.shadow_concurrency,
-            wanted=self._still_shadowed,
-        )
+        self.outlets = RecordOutlets(config)
+        self.records, self.paired = self.outlets.requests, self.outlets.paired
+        self.shadows = ShadowDispatch(config, records=self.records, paired=self.paired, metrics=self.metrics,
+                                      pool=self.pool, current_route=lambda: self.route,
+                                      next_endpoint=self._next_endpoint)
+        self.mirror = self.shadows.mirror
         self.ids = RequestIds()
         self.ejections = Ejections()
         self._round_robin = 0
         self._refresh_lock: asyncio.Lock | None = None
         self._servers: list[asyncio.Server] = []
-        self._watchdogs: list[Watchdog] = []
+        self.watchdogs: list[Watchdog] = []  # the public port's first, then the admin port's
         self._poller: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop  # set by start(), before the first request
-
-    def _sink(self, file: JsonLinesWriter, kind: str) -> Sink:
-        """The file writer, the record store's sink, or both; one append per record either way."""
-        config = self.config
-        if config.records_sink is None:
-            return file
-        sink = self.sinks[kind] = ObjectSink(open_record_store(config.records_sink), config.route, kind,
-                                             config.router_id, interval_s=config.sink_interval_s,
-                                             capacity=config.sink_capacity, signer=config.records_signer)
-        return sink if file.path is None else Tee(file, sink)
+        # The parts' entry points, bound once: the request path calls them without a lookup through the part.
+        self._record = Recorder(self.records, self.metrics, record_outputs=config.record_outputs).record
+        self._offer_shadow = self.shadows.offer
+        self.admin_api = AdminApi(self)
+        self.admin, self.health = self.admin_api.serve, self.admin_api.health
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -371,7 +240,7 @@ class Router:
         if (request.method, path) in PROXIED:
             caller.respond(503, NO_ROUTE, keep_alive=request.keep_alive)
         elif path != b"/health":
-            body = _error_body(f"no such endpoint: {path.decode()}", "not_found")
+            body = error_body(f"no such endpoint: {path.decode()}", "not_found")
             caller.respond(404, body, keep_alive=request.keep_alive)
         elif route is None:
             caller.respond(503, NO_ROUTE, keep_alive=request.keep_alive)
@@ -406,7 +275,7 @@ class Router:
         # Evidence about a request (its slice, probe class, task) only from who may give it: otherwise
         # one tenant could fail any canary on a slice of its choosing, or spend its failures on stable.
         trusted = route.trusts(headers.get(b"x-revgate-credential"))
-        declared = _declared(headers, document) if trusted else {}
+        declared = declared_labels(headers, document) if trusted else {}
         body, stripped = _upstream_body(target, path, body, document, drop_evidence_metadata(document))
         revealed = trusted or route.reveal
         extra = (target.headers if revealed else b"") + b"x-request-id: " + request_id + b"\r\n"
@@ -427,11 +296,8 @@ class Router:
                       on_settled=self._pooled_settled, context=call)
         call.relay = relay
         call.timer = self._loop.call_at(call.deadline, self._pooled_expired, call)
-        caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
         caller.on_lost = lambda: self._pooled_lost(call)
-        address = call.target.endpoints[first]
-        connection.send(request_bytes(call.request.method, call.path, address, call.body,
-                                      b"X-Request-Id: " + call.request_id.encode() + b"\r\n"), relay)
+        _send(call, connection, call.target.endpoints[first], relay)
 
     def _pooled_settled(self, relay: Relay) -> None:
         call: Call = relay.context
@@ -555,10 +421,7 @@ class Router:
                 self.ejections.failed(address, self._loop.time())  # refused: no new requests for a while
                 relay.on_error(error)
                 return relay
-            call.caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
-            wire = request_bytes(call.request.method, call.path, address, call.body,
-                                 b"X-Request-Id: " + call.request_id.encode() + b"\r\n")
-            connection.send(wire, relay)
+            _send(call, connection, address, relay)
             try:
                 await relay.wait()
             except asyncio.CancelledError:
@@ -619,7 +482,7 @@ class Router:
                 call.caller.transport.abort()
             return
         kind = "timeout" if outcome == "timeout" else "upstream_error"
-        body = _error_body(message, kind)
+        body = error_body(message, kind)
         call.caller.respond(status, body, keep_alive=call.request.keep_alive, headers=call.headers)
         self._finish(call, outcome, message, status=status)
 
@@ -634,208 +497,6 @@ class Router:
             log.exception("recording or shadowing request %s failed", call.request_id)
             self.metrics.count_event("record_failed", call.route.snapshot.route)
 
-    def _record(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> dict[str, Any]:
-        """Queue the attempt's record and count it; the record is a ``RequestRecord``'s JSON object.
-
-        Built as that object directly (same keys, same order, so the same line): constructing the
-        frozen dataclass and serialising it cost more than the rest of the record's bookkeeping.
-        """
-        relay = call.relay
-        body = relay.body() if relay is not None else b""
-        streamed = relay is not None and relay.streamed
-        usage = usage_of(body, streamed)
-        record = {
-            "request_id": call.request_id,
-            "revision": call.target.fingerprint,
-            "arm": "candidate" if call.target.arm == "candidate" else "stable",
-            "arrival_s": call.arrival_s,
-            "outcome": outcome,
-            "attempt": call.attempts,
-            "route": call.route.snapshot.route,
-            "generation": call.route.snapshot.generation,
-            "tenant": call.tenant,
-            "slices": call.slices,
-            "endpoint": call.endpoint,
-            "first_token_s": relay.first_s if relay else None,
-            "last_token_s": (relay.last_s or time.time()) if relay else time.time(),
-            "prompt_tokens": usage.prompt_tokens,
-            "output_tokens": usage.output_tokens,
-            "finish_reason": usage.finish_reason,
-            "status_code": status or (relay.status if relay and relay.status else None),
-            "error": error,
-            "output_text": output_text(body, streamed) if self.config.record_outputs and body else None,
-            "reference": None,
-            "caller_request_id": call.caller_request_id,
-        }
-        self.records.append(record)
-        self._observe(call, record)
-        return record
-
-    def _observe(self, call: Call, record: dict[str, Any]) -> None:
-        target, outcome = call.target, record["outcome"]
-        labels = target.outcome_labels.get(outcome)
-        if labels is None:
-            labels = (*target.labels, ("arm", target.arm), ("outcome", outcome))
-        metrics = self.metrics
-        metrics.requests[labels] += 1
-        if outcome != "ok":
-            return
-        short = target.labels
-        ttft, tpot, e2e = _ttft_s(record), _tpot_s(record), _e2e_s(record)
-        if ttft is not None:
-            metrics.ttft.observe(short, ttft)
-        if tpot is not None:
-            metrics.tpot.observe(short, tpot)
-        if e2e is not None:
-            metrics.e2e.observe(short, e2e)
-
-    # --- shadow ----------------------------------------------------------------------------
-
-    def _offer_shadow(self, call: Call, relay: Relay, record: dict[str, Any]) -> None:
-        if call.path == b"/v1/models" or relay.status != 200:
-            return
-        shadow = call.route.shadow_for(call.request_id.encode(), call.arrival_s)
-        if shadow is None:
-            return
-        route = call.route.snapshot.route
-        if side_effecting_document(call.document, call.route.side_effecting_tools):
-            self.metrics.count_event("shadow_skipped_side_effecting", route)
-            return
-        # The record already holds the text when outputs are recorded: no second join and parse.
-        stable_output = record["output_text"]
-        if stable_output is None:
-            stable_output = output_text(relay.body(), relay.streamed)
-        job = MirrorJob(
-            request_id=call.request_id, route=route, generation=call.route.snapshot.generation,
-            path=call.path.decode(), body=call.request.body, target=shadow, stable_revision=call.target.fingerprint,
-            shadow_revision=shadow.fingerprint, stable_status=relay.status,
-            stable_output=stable_output, stable_ttft_s=_ttft_s(record),
-            stable_e2e_s=_e2e_s(record), tenant=call.tenant, caller_request_id=call.caller_request_id,
-        )
-        accepted = self.mirror.offer(job)
-        self.metrics.count_event("shadow_mirrored" if accepted else "shadow_dropped", route)
-
-    def _still_shadowed(self, job: MirrorJob) -> bool:
-        """Whether the route served now still mirrors to the copy's shadow revision."""
-        shadow = self.route.snapshot.shadow if self.route is not None else None
-        return shadow is not None and shadow.fingerprint == job.shadow_revision
-
-    async def _send_shadow(self, job: MirrorJob) -> ShadowAnswer:
-        """Send one copy to the shadow revision; its answer only ever lands in a paired record."""
-        target: Target = job.target
-        body = rewrite_model(job.body, target.served_model) if target.served_model else job.body
-        address = target.endpoints[self._next_endpoint(target)]
-        start = time.time()
-        relay = Relay(None, b"", True, False)
-        try:
-            async with asyncio.timeout(self.config.shadow_connect_timeout_s):
-                connection = await self.pool.connect(address)
-        except TimeoutError:
-            return ShadowAnswer(None, None, None, time.time() - start, error="connect timeout")
-        mirror_headers = b"X-Request-Id: " + job.request_id.encode() + b"\r\nX-Revgate-Shadow: 1\r\n"
-        connection.send(request_bytes("POST", job.path.encode(), address, body, mirror_headers), relay)
-        try:
-            async with asyncio.timeout(self.route.timeout_s if self.route else 60):
-                await relay.wait()
-        except TimeoutError:
-            connection.close()
-            return ShadowAnswer(None, None, None, time.time() - start, error="timeout")
-        body = relay.body()  # a stream's parts joined once, for the usage and the text
-        usage = usage_of(body, relay.streamed)
-        self._record_shadow(job, target, relay, start, usage)
-        text = output_text(body, relay.streamed)
-        ttft = None if relay.first_s is None else relay.first_s - start
-        e2e = None if relay.last_s is None else relay.last_s - start
-        return ShadowAnswer(relay.status or None, text, ttft, e2e, error=str(relay.error or ""),
-                            prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
-
-    def _record_shadow(self, job: MirrorJob, target: Target, relay: Relay, start: float, usage: Usage) -> None:
-        self.records.append(RequestRecord(
-            request_id=job.request_id, revision=target.fingerprint, arm="shadow", arrival_s=start,
-            outcome="error" if relay.error or relay.status != 200 else "ok", route=job.route,
-            generation=job.generation, tenant=job.tenant, first_token_s=relay.first_s, last_token_s=relay.last_s,
-            prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens, finish_reason=usage.finish_reason,
-            status_code=relay.status or None, error=str(relay.error or ""), caller_request_id=job.caller_request_id,
-        ))
-
-    # --- admin -----------------------------------------------------------------------------
-
-    async def admin(self, caller: ServerConnection, request: Request) -> None:
-        """The admin port: /metrics (open), /admin/* (bearer token)."""
-        path = request.path.split(b"?", 1)[0]
-        if path == b"/metrics":
-            self._export_gauges()
-            caller.respond(200, self.metrics.render(), content_type=b"text/plain; version=0.0.4")
-            return
-        if not self._authorised(request):
-            caller.respond(401, _error_body("admin endpoints need 'Authorization: Bearer <token>'", "unauthorized"))
-            return
-        if (request.method, path) == ("POST", b"/admin/notify"):
-            result = await self.refresh()
-            caller.respond(200, json.dumps({"result": result, "generation": self._generation()}).encode())
-        elif (request.method, path) == ("POST", b"/admin/accept-store-epoch"):
-            result = await self.accept_store_epoch()
-            caller.respond(200, json.dumps({"result": result, "generation": self._generation()}).encode())
-        elif (request.method, path) == ("GET", b"/admin/health"):
-            caller.respond(200, json.dumps(self.health()).encode())
-        elif (request.method, path) == ("GET", b"/admin/snapshot"):
-            route = self.route
-            caller.respond(200 if route else 404, route.snapshot.canonical() if route else NO_ROUTE)
-        else:
-            caller.respond(404, _error_body(f"no such admin endpoint: {path.decode()}", "not_found"))
-
-    def health(self) -> dict[str, Any]:
-        """What ``/admin/health`` says: the generation served and each record sink's state."""
-        sinks = {kind: sink.health() for kind, sink in self.sinks.items()}
-        files = {kind: file.health() for kind, file in self.files.items()}
-        ok = self.route is not None and self.regressed is None and all(
-            item["ok"] for item in (*sinks.values(), *files.values()))
-        return {"status": "ok" if ok else "degraded", "route": self.config.route, "router_id": self.config.router_id,
-                "generation": self._generation(), "sinks": sinks, "files": files, "store_regressed": self.regressed}
-
-    def _authorised(self, request: Request) -> bool:
-        token = self.config.admin_token
-        if not token:
-            return False  # no token configured: admin actions are off, never open
-        return authorized(request.headers.get(b"authorization"), token)
-
-    def _generation(self) -> int:
-        return 0 if self.route is None else self.route.snapshot.generation
-
-    def _export_gauges(self) -> None:
-        """Values read at scrape time: the mirror's counters, and what a leak would grow (for the soak)."""
-        counters = self.mirror.counters
-        route = self.config.route
-        public = self._watchdogs[0] if self._watchdogs else None
-        for name, value in (("shadow_sent", counters.sent), ("shadow_failed", counters.failed),
-                            ("shadow_stale", counters.stale),
-                            ("caller_write_paused", public.write_pauses if public else 0),
-                            ("caller_write_stalled", public.write_stalls if public else 0),
-                            ("caller_buffer_overflowed", public.buffer_overflows if public else 0),
-                            ("connections_refused", public.connections_refused if public else 0),
-                            ("requests_shed", public.requests_shed if public else 0),
-                            ("endpoint_ejected", self.ejections.count)):
-            self.metrics.events[(("event", name), ("route", route))] = value
-        held: dict[str, int] = {}
-        for kind, sink in self.sinks.items():
-            for name, value in ((f"{kind}_sink_failures", sink.failures), (f"{kind}_sink_dropped", sink.dropped),
-                                (f"{kind}_sink_written", sink.written_records)):
-                self.metrics.events[(("event", name), ("route", route))] = value
-            held[f"{kind}_sink_held"] = sink.held
-            held[f"{kind}_sink_ok"] = int(sink.ok)
-        for kind, file in self.files.items():
-            for name, value in ((f"{kind}_file_failures", file.failures), (f"{kind}_file_dropped", file.dropped),
-                                (f"{kind}_file_written", file.written)):
-                self.metrics.events[(("event", name), ("route", route))] = value
-            held[f"{kind}_file_held"] = len(file.buffer)
-            held[f"{kind}_file_ok"] = int(file.ok)
-        self.metrics.process.update(
-            tasks=len(asyncio.all_tasks()),
-            open_connections=sum(len(watchdog.connections) for watchdog in self._watchdogs),
-            shadow_held_bytes=self.mirror.held_bytes, unsent_bytes=public.buffered if public else 0,
-            caller_connections=len(public.connections) if public else 0, **held,
-        )
-
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self, host: str, port: int, admin_host: str, admin_port: int) -> None:
@@ -847,21 +508,20 @@ class Router:
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 50, 100)
-        self.records.start()
-        self.paired.start()
+        self.outlets.start()
         self.mirror.start()
         self._poller = asyncio.create_task(self._poll())
         limits = self.config.limits
         for handler, where, number in ((self.handle, host, port), (self.admin, admin_host, admin_port)):
             server, watchdog = await serve(handler, where, number, limits)
             self._servers.append(server)
-            self._watchdogs.append(watchdog)
+            self.watchdogs.append(watchdog)
 
     async def close(self) -> None:
         """Stop listening and flush records."""
         for server in self._servers:
             server.close()
-        for watchdog in self._watchdogs:
+        for watchdog in self.watchdogs:
             watchdog.stop()
         if self._poller is not None:
             self._poller.cancel()
@@ -869,8 +529,7 @@ class Router:
                 await self._poller
         await self.mirror.stop()
         self.pool.close()
-        await self.records.close()
-        await self.paired.close()
+        await self.outlets.close()
 
 
 async def run_router(store: RouteStore, config: RouterConfig, *, host: str, port: int, admin_host: str,
@@ -884,25 +543,3 @@ async def run_router(store: RouteStore, config: RouterConfig, *, host: str, port
         await asyncio.Event().wait()
     finally:
         await router.close()
-
-
-def check_config(config: RouterConfig) -> None:
-    """Refuse a configuration that cannot work, before listening."""
-    if config.poll_interval_s <= 0:
-        raise RevgateError("poll interval must be positive", where="--poll-interval", fix="Give seconds, e.g. 1.0.")
-    for name in fields(Limits):
-        if getattr(config.limits, name.name) <= 0:
-            flag = "--" + name.name.removesuffix("_s").replace("_", "-")
-            raise RevgateError(f"{name.name} must be positive", where=flag, fix="See docs/router.md, limits.")
-    if config.records_sink is not None:
-        check_router_id(config.router_id)
-        open_record_store(config.records_sink)
-    if config.sink_interval_s <= 0 or config.sink_capacity <= 0:
-        raise RevgateError("the record sink's interval and capacity must be positive", where="--sink-interval",
-                           fix="Give seconds, e.g. 1.0, and a record count, e.g. 100000.")
-    if config.record_keep_bytes < 2:
-        raise RevgateError("the bytes kept per answer must be at least 2", where="--record-keep-bytes",
-                           fix="Give bytes, e.g. 1048576.")
-    if config.shadow_queue_bytes <= 0:
-        raise RevgateError("the shadow queue's bytes must be positive", where="--shadow-queue-bytes",
-                           fix="Give bytes, e.g. 67108864.")
