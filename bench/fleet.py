@@ -118,7 +118,10 @@ def commit_to_all_routers(plane: Plane, edges: list[Edge], endpoint: str, repeat
             store.write(snapshot(generation, endpoint))
             for edge in edges:  # the flow's notify: every router told at once, then each one's health read
                 client.post(f"{edge.admin}/admin/notify", headers={"Authorization": f"Bearer {edge.token}"})
+            deadline = time.monotonic() + 30
             while any(serving(edge) < generation for edge in edges):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"generation {generation} not served by every router within 30 s")
                 time.sleep(0.002)
             seconds.append(time.perf_counter() - started)
     return seconds
@@ -148,7 +151,8 @@ def window_lag(plane: Plane, edges: list[Edge], fail: Path, rate: float) -> dict
     with ExitStack() as stack:
         for loop in loops:
             stack.enter_context(loop.running())
-        time.sleep(2)
+        wait_until(lambda: all(sum(item.status == 200 for item in loop.sent) >= 5 for loop in loops), 60,
+                   "healthy answers through both routers before the failure")
         flipped = time.time()
         records = RecordSource(plane.records, ROUTE, signers).tail(flipped)
         fail.write_text("fail", encoding="utf-8")

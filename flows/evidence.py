@@ -85,11 +85,6 @@ class Demand:
     per_router: dict[str, int]
     unavailable: str = ""  # why the sink could not be read ("" when it could): then the demand is unknown
 
-    def evidence(self) -> dict[str, object]:
-        """For the capacity rule's record."""
-        return {"demand_rps": self.rps, "demand_per_router": self.per_router,
-                "demand_unavailable": self.unavailable}
-
 
 @dataclass(frozen=True, slots=True)
 class RecordSource:

@@ -46,14 +46,13 @@ class AgentEngine:
     capabilities: dict[str, Any]
 
     @classmethod
-    def from_report(cls, report: dict[str, Any], *, where: str) -> AgentEngine:
-        """The typed document; WorkerRequestFailed naming the field when the answer is not one."""
+    def from_report(cls, report: dict[str, Any], *, url: str) -> AgentEngine:
+        """The typed document of the agent at ``url``; WorkerRequestFailed naming the field when it is not one."""
         try:
             runtime = RuntimeEnvironment.model_validate(report["runtime"])
-            return cls(where.split(" ", 1)[-1].removesuffix("/v1/engine"), runtime, str(report["device"]),
-                       dict(report["capabilities"]))
+            return cls(url, runtime, str(report["device"]), dict(report["capabilities"]))
         except (KeyError, TypeError, ValidationError) as error:
-            raise WorkerRequestFailed(f"the agent's engine report is malformed: {error}", where=where,
+            raise WorkerRequestFailed(f"the agent's engine report is malformed: {error}", where=f"GET {url}/v1/engine",
                                       fix="Run the same revgate version on the agent as on the controller.") from None
 
 
@@ -111,7 +110,7 @@ class WorkerClient:
 
     def engine(self) -> AgentEngine:
         """The agent's engine build and what it can run."""
-        return AgentEngine.from_report(self.call("GET", "/v1/engine"), where=f"GET {self.url}/v1/engine")
+        return AgentEngine.from_report(self.call("GET", "/v1/engine"), url=self.url)
 
     def wait_for(self, replica_id: str, states: set[str], timeout_s: float, every_s: float = 0.2) -> dict[str, Any]:
         """Poll until the replica is in one of ``states`` (or a terminal state); return its view."""

@@ -530,9 +530,9 @@ def test_an_agents_engine_report_is_parsed_strictly() -> None:
     runtime = RuntimeEnvironment(engine_distribution="vllm", engine_version="0.11.0", torch_version="2.8.0",
                                  device="cuda", lock_digest="sha256:" + "a" * 64)
     report = engine_report(runtime, GPU_ENGINE, device="cuda", slots=8, memory_bytes=1 << 40)
-    engine = AgentEngine.from_report(json.loads(json.dumps(report)), where="GET http://gpu-1:9000/v1/engine")
+    engine = AgentEngine.from_report(json.loads(json.dumps(report)), url="http://gpu-1:9000")
     assert (engine.url, engine.runtime, engine.device) == ("http://gpu-1:9000", runtime, "cuda")
     assert engine.capabilities["head_sizes"] == sorted(GPU_ENGINE.head_sizes)
     for broken in ({**report, "runtime": {"engine": "vllm"}}, {"device": "cuda"}):
         with pytest.raises(WorkerRequestFailed, match="engine report is malformed"):
-            AgentEngine.from_report(broken, where="GET http://gpu-1:9000/v1/engine")
+            AgentEngine.from_report(broken, url="http://gpu-1:9000")
