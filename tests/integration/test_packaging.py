@@ -115,8 +115,8 @@ def test_the_light_hosts_carry_no_control_plane_and_the_control_host_no_zoo(host
 
 def test_a_command_from_a_host_without_its_extra_names_the_pip_command(hosts: dict[str, Path]) -> None:
     cases = [("router", ("worker", "--port", "1", "--cache", "cache", "--token-file", "token"), "worker", "uvicorn"),
-             # The first library the router reaches: the one that signs its record objects.
-             ("bare", ("router", "--routes", "routes", "--route", "chat"), "router", "cryptography"),
+             # The first library the router reaches: its HTTP parser.
+             ("bare", ("router", "--routes", "routes", "--route", "chat"), "router", "httptools"),
              ("worker", ("promote", "chat", "improved"), "control", "httpx"),  # the first the flow code reaches
              ("control", ("models", "make", "zoo"), "zoo", "torch")]
     for kind, args, extra, module in cases:
