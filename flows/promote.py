@@ -46,6 +46,7 @@ from revgate.manifests.gates import GateReport
 from revgate.manifests.revision import ServiceRevision
 from revgate.manifests.rollout import Analyze, Approve, Bake
 from revgate.manifests.route import PPM, RevisionTarget, RouteSnapshot
+from revgate.promotion.fleet import routers_behind
 from revgate.promotion.machine import (
     TERMINAL,
     Abort,
@@ -65,6 +66,7 @@ from revgate.promotion.window import OPEN_UNTIL, WINDOW_TAG, WindowTally, Window
 from revgate.registry.auditor_view import IN_ROLLOUT
 from revgate.registry.follow import follow_route
 from revgate.registry.ledger import EvidenceLedger, EvidenceRun
+from revgate.registry.outbox import EvidenceOutbox
 from revgate.registry.record_store import StageWindow
 from revgate.rollback.plan import revert_to
 from revgate.serving.worker.client import AgentEngine
@@ -232,9 +234,11 @@ class Promotion:
     """The mutable driver of one promotion: its spec, ledger run, candidate target, state and route hold."""
 
     def __init__(self, spec: PromotionSpec, ledger: EvidenceLedger, run: EvidenceRun, target: RevisionTarget,
-                 owner: RouteOwner | None = None, *, domains: dict[str, str] | None = None) -> None:
+                 owner: RouteOwner | None = None, *, domains: dict[str, str] | None = None,
+                 outbox: EvidenceOutbox | None = None) -> None:
         self.spec = spec
         self.ledger = ledger
+        self.outbox = outbox or EvidenceOutbox(ledger.reachable)  # evidence after the decision's commit
         self.run = run
         self.target = target
         self.domains = domains or {}  # each candidate endpoint's failure domain, for the snapshot
@@ -250,6 +254,9 @@ class Promotion:
         self.measured: Measured | None = None  # stable as the last stage measured it, for the next power check
         self.keys = RolloutKeys.new()  # the cohort's secret and the probes' credential, for this rollout only
         self.attestor = Attestor(spec, ledger, run, controller_key(spec))  # signs each decision
+        # The old stable's replicas, asked for before the promotion's commit: what its window drains after.
+        self.retiring: dict[steps.ReplicaKey, str] | None = None
+        self.routers_behind: int | None = None  # a decision's generation some router did not serve in time
 
     def wait(self, seconds: float) -> None:
         """Sleep, cut short as soon as another writer takes the route (RouteTakenOver) or the run is cancelled."""
@@ -268,6 +275,8 @@ class Promotion:
                                                     "all the traffic: the promotion was not committed")
         elif self._raises_candidate_traffic(current) and not self.ensure_capacity():
             self.state = advance(self.spec.plan, self.state, Abort("not enough ready capacity to move traffic"))
+        if self.state.status in TERMINAL:
+            self._before_decision(current)
         now = datetime.now(UTC)
         signed: list[Signed | None] = []  # a decision, signed for the generation its write commits
 
@@ -280,10 +289,25 @@ class Promotion:
 
         proposed = self.owner.commit(change)
         if proposed is not None:
-            self.ledger.log_document(self.run, f"route-generation-{proposed.generation:06d}", proposed)
-            if signed:
-                self.attestor.record(signed[-1])
+            decision = signed[-1] if signed else None
+            self.outbox.write(f"route generation {proposed.generation}", partial(self._log_route, proposed, decision,
+                                                                                   bool(signed)))
             self.await_routers(proposed.generation)
+
+    def _before_decision(self, current: RouteSnapshot) -> None:
+        """What a decision's commit needs known before it is made: from it on, the route is the truth and the
+        evidence follows (held while the ledger is away); a promotion knows which replicas it retires."""
+        self.outbox.defer()
+        if self._commits_promotion(current) and self.retiring is None:
+            try:
+                self.retiring = steps.replicas_serving(self.spec, current.stable.endpoints)
+            except Exception:  # asked again after the window; never a reason to hold the promotion back
+                log.exception("the old stable's replicas could not be listed before the promotion's commit")
+
+    def _log_route(self, written: RouteSnapshot, decision: Signed | None, attested: bool) -> None:
+        self.ledger.log_document(self.run, f"route-generation-{written.generation:06d}", written)
+        if attested:
+            self.attestor.record(decision)
 
     def sign_decision(self, generation: int) -> Signed | None:
         """The decision this state states, signed for route generation ``generation`` (None without a key)."""
@@ -293,10 +317,18 @@ class Promotion:
     def await_routers(self, generation: int) -> None:
         """A step counts as applied once every router serves its generation; a router behind stops the rollout."""
         try:
-            served = steps.await_routers(self.spec, generation)
+            served: dict[str, int | None] = steps.await_routers(self.spec, generation)
         except steps.RoutersBehind as behind:
-            raise RolloutStopped(behind.what, where=behind.where, fix=behind.fix) from None
-        self.ledger.log_json(self.run, f"routers-generation-{generation:06d}", {"served": served})
+            if self.state.status not in TERMINAL:
+                raise RolloutStopped(behind.what, where=behind.where, fix=behind.fix) from None
+            # A decision stands once committed: a router behind catches up from the store, and nothing the
+            # decision retires is drained before every router serves it (Rollout._cleanup waits).
+            get_run_logger().warning("%s; the decision stands, and what it retires is drained only once every "
+                                     "router serves it", behind.what)
+            self.routers_behind = generation
+            served = steps.served_generations(self.spec)
+        self.outbox.write(f"routers at generation {generation}", partial(
+            self.ledger.log_json, self.run, f"routers-generation-{generation:06d}", {"served": served}))
 
     def _commits_promotion(self, current: RouteSnapshot) -> bool:
         """The write that moves all traffic to the candidate's replicas, not yet made."""
@@ -490,10 +522,11 @@ class Promotion:
                 return back
             return RouteSnapshot.build(**{**back.model_dump(), "decision_attestation": signed[-1].digest})
 
+        self.outbox.defer()
         written = self.owner.commit(reverted)
         if written is not None:
-            self.ledger.log_document(self.run, f"route-generation-{written.generation:06d}", written)
-            self.attestor.record(signed[-1] if signed else None)
+            self.outbox.write(f"route generation {written.generation}",
+                              partial(self._log_route, written, signed[-1] if signed else None, True))
         self.state = decided
 
 
@@ -561,6 +594,7 @@ class Rollout:
         self.spec = spec
         self.lock = lock
         self.ledger = EvidenceLedger(spec.tracking_uri, Path(spec.evidence_root) / "mlflow-artifacts")
+        self.outbox = EvidenceOutbox(self.ledger.reachable, say=get_run_logger().warning)
         self.driver: Promotion | None = None
         self.heartbeat: Heartbeat | None = None
         self.started: dict[steps.ReplicaKey, str] = {}  # (worker, replica) -> endpoint: the candidate's replicas
@@ -590,7 +624,7 @@ class Rollout:
             self._record_takeover(run, taken.taken)
         except RolloutStopped as stopped:  # a cancel, a dead candidate: a decision, not a crash
             get_run_logger().warning("rollout stopped: %s", stopped.what)
-            self.ledger.log_step(run, "stopped", stopped.what)
+            self.outbox.write("the stop", partial(self.ledger.log_step, run, "stopped", stopped.what))
             self._stop_traffic(run, stopped.what, fault=True)
         except BaseException as error:
             self._stop_traffic(run, f"the promotion flow failed: {type(error).__name__}")
@@ -599,12 +633,30 @@ class Rollout:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             decision = self._decision()
+            self.outbox.defer()  # the route's decision stands: its evidence follows, whatever the ledger does
             self._settle_registry(run, decision)
             self._cleanup()
             reason = self.driver.state.reason if self.driver is not None else ""
-            self.ledger.log_json(run, "decision", {"decision": decision, "reason": reason})
-            self.ledger.close(run, decision)
+            self.outbox.write("the decision", partial(self.ledger.log_json, run, "decision",
+                                                      {"decision": decision, "reason": reason}))
+            self.outbox.write("the run's close", partial(self.ledger.close, run, decision))
+            self._flush(run, decision)
         return decision
+
+    def _flush(self, run: EvidenceRun, decision: str) -> None:
+        """Wait for the held evidence to land (the ledger may be away); say what never did."""
+        held = self.outbox.pending()
+        if held:
+            get_run_logger().warning("waiting up to %.0f s for the evidence ledger to take %d held writes "
+                                     "(the run closes with %r when it does)", self.spec.ledger_wait_s, len(held),
+                                     decision)
+        left = self.outbox.flush(self.spec.ledger_wait_s)
+        if left:
+            get_run_logger().error("the evidence ledger did not take %d writes within %.0f s: %s; run %s stays open. "
+                                   "The route's decision stands (%s); `revgate evidence` names the gap", len(left),
+                                   self.spec.ledger_wait_s, ", ".join(left), run.run_id, decision)
+        if self.outbox.dropped:
+            get_run_logger().error("evidence writes dropped as broken: %s", ", ".join(self.outbox.dropped))
 
     def _promote(self, run: EvidenceRun, revision: ServiceRevision) -> None:
         spec, ledger = self.spec, self.ledger
@@ -620,7 +672,7 @@ class Rollout:
                                                "replicas": float(len(views))})
         ledger.log_step(run, "isolated-check", "pass", slowest([isolated_task(view) for view in views]))
         driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(views, revision),
-                                         domains=steps.failure_domains(views))
+                                         domains=steps.failure_domains(views), outbox=self.outbox)
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
                                    period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
                                    watches=[partial(steps.replica_fault, spec, replica_key(v)) for v in views])
@@ -629,7 +681,8 @@ class Rollout:
         if driver.run_plan().status != "promoted":
             return
         promoted_at = time.time()
-        self.retired = steps.replicas_serving(spec, driver.before.stable.endpoints)
+        self.retired = driver.retiring if driver.retiring is not None else \
+            steps.replicas_serving(spec, driver.before.stable.endpoints)
         self._record_decision(run, "promoted")
         self.lock.close()  # the window never holds the route against an operator's rollback
         self._announce_window(run)
@@ -637,18 +690,20 @@ class Rollout:
         verdict = driver.watch_window(promoted_at)
         self.windowing = False
         if verdict is not None:
-            ledger.log_json(run, "rollback-window", verdict.evidence())
-        ledger.tag(run, WINDOW_TAG, window_outcome(verdict, driver.state.reason if driver.state.status != "promoted"
-                                                   else ""))
+            self.outbox.write("the window's verdict", partial(ledger.log_json, run, "rollback-window",
+                                                              verdict.evidence()))
+        outcome = window_outcome(verdict, driver.state.reason if driver.state.status != "promoted" else "")
+        self.outbox.write("the window's end", partial(ledger.tag, run, WINDOW_TAG, outcome))
 
     def _announce_window(self, run: EvidenceRun) -> None:
         """The decision is made: say so now (``revgate promote`` returns here) and when the window ends."""
         seconds = self.spec.plan.rollback_window_seconds
-        self.ledger.tag(run, "revgate.decision", "promoted")  # final unless the window reverts it
+        # Final unless the window reverts it.
+        self.outbox.write("the decision's tag", partial(self.ledger.tag, run, "revgate.decision", "promoted"))
         if seconds <= 0:
             return
         until = (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="seconds")
-        self.ledger.tag(run, WINDOW_TAG, f"{OPEN_UNTIL}{until}")
+        self.outbox.write("the window's start", partial(self.ledger.tag, run, WINDOW_TAG, f"{OPEN_UNTIL}{until}"))
         get_run_logger().info("%s%s; the rollback window watches until %s (revgate status shows how it ends)",
                               DECIDED, "promoted", until)
 
@@ -666,26 +721,34 @@ class Rollout:
         alias follows the route (onto the candidate when promoted; back where a revert or rollback put it)."""
         if not self.version:
             return
-        model, ledger = self.spec.model_name, self.ledger
-        ledger.describe_version(model, self.version, version_facts(ledger, run, self.spec, decision))
         generation = self.driver.owner.generation if self.driver is not None else 0
-        ledger.drop_alias(model, "candidate", by=self.spec.created_by, generation=generation)
         self.recorded = decision
+        self.outbox.write(f"the registry's {decision!r}", partial(self._describe_decision, run, decision, generation))
         self._follow_route()
 
+    def _describe_decision(self, run: EvidenceRun, decision: str, generation: int) -> None:
+        model, ledger = self.spec.model_name, self.ledger
+        ledger.describe_version(model, self.version, version_facts(ledger, run, self.spec, decision))
+        ledger.drop_alias(model, "candidate", by=self.spec.created_by, generation=generation)
+
     def _follow_route(self) -> None:
-        """The registry's ``stable`` alias onto what the route serves now."""
-        route = steps.current_route(self.spec)
-        get_run_logger().info("%s", follow_route(self.ledger, self.spec.model_name, route).line())
+        """The registry's ``stable`` alias onto what the route serves now (read when the write is made)."""
+        logger = get_run_logger()
+
+        def follow() -> None:
+            logger.info("%s", follow_route(self.ledger, self.spec.model_name, steps.current_route(self.spec)).line())
+
+        self.outbox.write("the registry's stable alias", follow)
 
     def _record_takeover(self, run: EvidenceRun, taken: Takeover) -> None:
         """Another writer ended the rollout: say who and where, in the rollout's own evidence run."""
         get_run_logger().warning("rollout stopped: %s", taken.reason)
+        self.outbox.defer()  # another writer's route is the truth now
         if self.windowing:
-            self.ledger.tag(run, WINDOW_TAG, f"ended: {taken.reason}")
-        self.ledger.log_step(run, "route", taken.reason)
-        self.ledger.log_json(run, "aborted", {"writer": taken.writer, "generation": taken.generation,
-                                              "reason": taken.reason})
+            self.outbox.write("the window's end", partial(self.ledger.tag, run, WINDOW_TAG, f"ended: {taken.reason}"))
+        self.outbox.write("the takeover", partial(self.ledger.log_step, run, "route", taken.reason))
+        self.outbox.write("the takeover's writer", partial(self.ledger.log_json, run, "aborted", {
+            "writer": taken.writer, "generation": taken.generation, "reason": taken.reason}))
         if self.driver is not None:
             self.driver.state = replace(self.driver.state, reason=taken.reason)
 
@@ -700,7 +763,8 @@ class Rollout:
         try:
             if self.windowing and fault:
                 self.driver.revert(reason)
-                self.ledger.tag(run, WINDOW_TAG, f"ended: reverted: {reason}")
+                self.outbox.write("the window's end", partial(self.ledger.tag, run, WINDOW_TAG,
+                                                              f"ended: reverted: {reason}"))
             elif not self.windowing:
                 self.driver.roll_back(reason)
         except RouteTakenOver as taken:
@@ -721,6 +785,18 @@ class Rollout:
         except Exception:
             log.exception("the model registry could not follow route %s; `revgate evidence` names the gap",
                           self.spec.route)
+
+    def _routers_caught_up(self, generation: int) -> bool:
+        """Whether every router serves ``generation``: asked again (up to one lease) only when a decision's
+        commit left some router behind; otherwise each step already waited for them."""
+        if self.driver is None or self.driver.routers_behind is None:
+            return True
+        deadline = time.monotonic() + self.spec.plan.lease_seconds
+        while routers_behind(steps.served_generations(self.spec), generation):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1.0)
+        return True
 
     def _decision(self) -> str:
         """What the route says: promoted only while the candidate is its stable revision."""
@@ -749,6 +825,10 @@ class Rollout:
             time.sleep(max(0.0, wait_s) + 1)
         if route is None:  # the candidate may be stable by now: leave every replica up rather than guess
             log.warning("route %s unreadable: replicas %s left running", self.spec.route, sorted(replicas.values()))
+            return
+        if not self._routers_caught_up(route.generation):
+            log.warning("a router does not serve generation %d of route %s: replicas %s left running, since it may "
+                        "still send to them", route.generation, self.spec.route, sorted(replicas.values()))
             return
         others = steps.other_routes(self.spec)  # routes of the same store may share a stable replica
         now = datetime.now(UTC)

@@ -60,6 +60,8 @@ class RouteSite(BaseModel):
     router_admin_url: str
     more_routers: tuple[str, ...] = Field(default=(), description="admin URLs of the route's other routers")
     router_sync_s: float = Field(default=30.0, gt=0)
+    ledger_wait_s: float = Field(default=1800.0, ge=0, description="after a decision, the longest wait for the "
+                                 "evidence ledger to take what it held while away")
     router_admin_token_file: str
     records_sink: str = Field(min_length=1, description="where every router of the route writes its records (a "
                               "folder or s3://BUCKET/PREFIX): the flow's one evidence source")

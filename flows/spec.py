@@ -89,6 +89,8 @@ class PromotionSpec(BaseModel):
         "of every new generation, and a step counts as applied once every router serves it")
     drain_wait_s: float = Field(default=60.0, gt=0, description="the longest wait, before a stage starts "
                                 "counting, for both arms' engines to finish the previous stage's work")
+    ledger_wait_s: float = Field(default=1800.0, ge=0, description="after the decision, the longest wait for "
+                                 "the evidence ledger to take the writes it held while away; the run is closed then")
     router_sync_s: float = Field(default=30.0, gt=0, description="the longest wait for every router to serve "
                                  "a new generation; a router still behind then stops the rollout")
     router_admin_token_file: str

@@ -107,6 +107,11 @@ class EvidenceLedger:
             self.client.search_registered_models(max_results=1)  # the registry's store opens lazily
         self.artifact_root = artifact_root
 
+    def reachable(self) -> bool:
+        """Whether the tracking store answers at all (one cheap read); raises what the client raised if not."""
+        self.client.search_experiments(max_results=1)
+        return True
+
     def open_run(self, route: str, candidate: str, tags: Mapping[str, str] | None = None) -> EvidenceRun:
         """Start the evidence run of one promotion attempt of ``candidate`` on ``route``."""
         name = f"revgate/{route}"

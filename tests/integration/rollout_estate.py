@@ -36,6 +36,7 @@ from revgate.registry.route_store import open_route_store
 from revgate.registry.runtime import engine_runtime
 from revgate.registry.store import open_store
 from revgate.serving.worker.client import WorkerClient
+from revgate.serving.worker.engine import free_port
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 from revgate.zoo.index import load_revisions
 
@@ -303,3 +304,34 @@ def rollout(estate: Estate, folder: Path, route: str, plan: RolloutPlan, *, appr
             if handle.process is not None and handle.process.poll() is None:
                 handle.process.kill()
                 handle.process.wait(30)
+
+
+@dataclass
+class LedgerServer:
+    """An MLflow tracking server over one SQLite store, on one port, that a test stops and starts again."""
+
+    folder: Path
+    port: int = field(default_factory=free_port)
+    running: ExitStack | None = None
+
+    @property
+    def url(self) -> str:
+        """The tracking URI clients use, the same across restarts."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start the server (again) over the same store; returns once it answers."""
+        assert self.running is None
+        argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                f"sqlite:///{(self.folder / 'mlflow.db').resolve()}", "--host", "127.0.0.1",
+                "--port", str(self.port), "--workers", "1"]
+        stack = ExitStack()
+        stack.enter_context(processes.service(argv, f"{self.url}/health", self.folder / "mlflow-server.log",
+                                              env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, timeout_s=180))
+        self.running = stack
+
+    def stop(self) -> None:
+        """Stop the server: clients get refused connections until :meth:`start`."""
+        if self.running is not None:
+            self.running.close()
+            self.running = None

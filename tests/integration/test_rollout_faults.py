@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from revgate.manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
 from revgate.registry.follow import ROUTE_STATUS
 from revgate.registry.ledger import EvidenceLedger
 from tests.integration.commands import revgate
-from tests.integration.rollout_estate import Estate, OpenLoop, Rollout, estate, rollout, wait_until
+from tests.integration.rollout_estate import Estate, LedgerServer, OpenLoop, Rollout, estate, rollout, wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
@@ -376,6 +377,50 @@ def test_callers_own_deadlines_and_bad_requests_in_the_window_revert_nothing(par
     window = json.loads(evidence_file(handle, "rollback-window"))
     assert window["outcome"] == "healthy" and window["errors"] == 0, window
     assert window["baseline_requests"] > 0, window  # the old stable's traffic while both served
+
+
+@pytest.mark.timeout(1500)
+def test_a_ledger_down_at_the_promotion_commit_leaves_the_promotion_standing_watched_drained_and_closed_when_back(
+    parts: Estate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The defect: the first evidence write after the promotion's commit raised, and with it the flow: the
+    # rollback window never ran, the old stable was never drained, and the run stayed open with no decision.
+    ledger = LedgerServer(tmp_path / "ledger")
+    ledger.start()
+    # The operator's client settings for a ledger that may go away: fail an attempt fast, the flow retries.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    try:
+        with rollout(parts, tmp_path, "ledger-down", half_then_promote(window_s=20)) as handle:
+            handle.spec = handle.spec.model_copy(update={"tracking_uri": ledger.url})
+            old = handle.current().stable
+            handle.start_flow()
+            wait_until(lambda: handle.current().stable.fingerprint != old.fingerprint, LOAD_S,
+                       "the candidate promoted")
+            ledger.stop()
+            promoted = handle.current()
+            # The window watches and the old stable is drained after it, while the ledger is away.
+            wait_until(lambda: "held writes" in handle.flow_log(), 240, "the flow waiting for the ledger")
+            assert "the evidence ledger is unreachable" in handle.flow_log()
+            assert handle.process is not None and handle.process.poll() is None
+            assert handle.current().stable == promoted.stable  # the promotion stands
+            wait_until(lambda: "ready" not in parts.states(old.fingerprint), 120, "the old stable drained")
+            until = re.search(r"the rollback window watches until (\S+) ", handle.flow_log())
+            assert until is not None, handle.flow_log()[-3000:]
+            assert time.time() >= datetime.fromisoformat(until.group(1)).timestamp()  # after the window, not instead
+            ledger.start()
+            assert handle.wait_flow(300) == 0, handle.flow_log()[-3000:]
+            assert "the evidence ledger is back" in handle.flow_log()
+            run = evidence_run(handle)
+            assert run.info.status == "FINISHED" and run.data.tags["revgate.decision"] == "promoted", run.data.tags
+            assert run.data.tags["revgate.rollback_window"].startswith("ended"), run.data.tags
+            stored = EvidenceLedger(ledger.url, tmp_path / "artifacts").evidence_files(run.info.run_id)
+            assert f"route-generation-{promoted.generation:06d}" in stored
+            assert json.loads(stored["decision"])["decision"] == "promoted"
+            assert "rollback-window" in stored
+        check_traffic(handle, promoted.stable.fingerprint)
+    finally:
+        ledger.stop()
 
 
 @pytest.mark.timeout(1500)
