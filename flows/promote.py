@@ -100,8 +100,11 @@ def pin_task(spec: PromotionSpec) -> tuple[ServiceRevision, AgentEngine]:
 
 @task(name="verify")
 def verify_task(spec: PromotionSpec, revision: ServiceRevision) -> dict[str, float]:
-    """The manifest's signature, before anything is loaded (the agents check the bytes they load)."""
-    return steps.verify(spec, revision, Path(spec.evidence_root) / "signatures")
+    """The manifest's signature and the candidate's fit on every agent's engine, before anything is loaded
+    (the agents check the bytes they load)."""
+    figures = steps.verify(spec, revision, Path(spec.evidence_root) / "signatures")
+    steps.check_fit(spec, revision, steps.fleet_engines(spec))
+    return figures
 
 
 @task(name="capacity")
@@ -530,6 +533,7 @@ class Promotion:
         self.state = decided
 
 
+QUIET_FLUSH_S = 10.0  # held evidence that lands within this is not worth a word
 DECIDED = "decided: "  # the log line a follower returns at, before the rollback window ends
 
 
@@ -645,7 +649,7 @@ class Rollout:
 
     def _flush(self, run: EvidenceRun, decision: str) -> None:
         """Wait for the held evidence to land (the ledger may be away); say what never did."""
-        held = self.outbox.pending()
+        held = self.outbox.wait(QUIET_FLUSH_S)
         if held:
             get_run_logger().warning("waiting up to %.0f s for the evidence ledger to take %d held writes "
                                      "(the run closes with %r when it does)", self.spec.ledger_wait_s, len(held),

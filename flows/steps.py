@@ -29,6 +29,7 @@ from revgate.promotion.capacity import (
     stated_capacity,
 )
 from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
+from revgate.registry.compat import compatibility_problems, parse_model_config
 from revgate.registry.route_store import open_route_store
 from revgate.registry.signing import read_signed_files
 from revgate.registry.store import open_store
@@ -57,7 +58,7 @@ def fleet_engine(spec: PromotionSpec) -> AgentEngine:
     The agents own the engine's identity; the controller (a CPU host, often) has no engine of its own
     to ask. Agents on different builds would run different revisions of one candidate: refused.
     """
-    engines = [client.engine() for client in fleet(spec)]
+    engines = fleet_engines(spec)
     builds = {engine.runtime.digest: engine for engine in engines}
     if len(builds) > 1:
         described = "; ".join(f"{engine.url}: {engine.runtime.engine_distribution} {engine.runtime.engine_version} "
@@ -65,6 +66,26 @@ def fleet_engine(spec: PromotionSpec) -> AgentEngine:
         raise PromotionRefused(f"the fleet's agents run different engine builds: {described}", where="workers",
                                fix="Run one engine build on every agent of the route, or name only agents that do.")
     return engines[0]
+
+
+def fleet_engines(spec: PromotionSpec) -> list[AgentEngine]:
+    """What every agent of the fleet says of its engine build (``GET /v1/engine``)."""
+    return [client.engine() for client in fleet(spec)]
+
+
+def check_fit(spec: PromotionSpec, revision: ServiceRevision, engines: Iterable[AgentEngine]) -> None:
+    """Before any agent loads a byte: the revision's model config, execution and interface against what each
+    agent's engine build says it can run. Only config.json comes here (checked against its manifest entry);
+    each agent checks again, on the bytes it loads, where it loads them."""
+    config = parse_model_config(open_store(spec.artifact_store).get_small_file(revision.artifact, "config.json"))
+    for engine in engines:
+        problems = compatibility_problems(config, revision.artifact, revision.execution, revision.interface,
+                                          revision.adapter, engine=engine.can_run())
+        if problems:
+            found = "; ".join(f"{problem.field}: {problem.what}" for problem in problems)
+            raise PromotionRefused(f"the candidate cannot run on agent {engine.url} ({engine.device}, "
+                                   f"{engine.runtime.engine_distribution} {engine.runtime.engine_version}): {found}",
+                                   where=problems[0].field, fix=problems[0].fix)
 
 
 def pin(spec: PromotionSpec) -> tuple[ServiceRevision, AgentEngine]:

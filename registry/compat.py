@@ -153,10 +153,19 @@ def read_model_config(artifact_dir: Path, manifest: ArtifactManifest) -> Mapping
         raise IncompatibleArtifact("artifact has no config.json", field="manifest.entries",
                                    fix="Include the model's config.json in the artifact.")
     try:
-        data = json.loads((artifact_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+        return parse_model_config((artifact_dir / "config.json").read_bytes())
+    except OSError as error:
         raise IncompatibleArtifact(f"config.json is unreadable ({error})", field="config.json",
                                    fix="Verify the artifact folder first; it must hold config.json.") from None
+
+
+def parse_model_config(text: bytes) -> Mapping[str, Any]:
+    """config.json's bytes as a JSON object; IncompatibleArtifact when they are not one."""
+    try:
+        data = json.loads(text.decode("utf-8"))
+    except ValueError as error:
+        raise IncompatibleArtifact(f"config.json is unreadable ({error})", field="config.json",
+                                   fix="Publish an artifact whose config.json is JSON.") from None
     if not isinstance(data, dict):
         raise IncompatibleArtifact("config.json is not a JSON object", field="config.json", fix="Repair the config.")
     return data

@@ -76,15 +76,21 @@ class EvidenceOutbox:
         with self._changed:
             return tuple(held.what for held in self._queue)
 
-    def flush(self, limit_s: float) -> tuple[str, ...]:
+    def wait(self, limit_s: float) -> tuple[str, ...]:
         """Wait up to ``limit_s`` for every held write to land; what is still held after (empty: all written)."""
         deadline = time.monotonic() + limit_s
         with self._changed:
             while self._queue and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(min(left, 1.0))
+            return tuple(held.what for held in self._queue)
+
+    def flush(self, limit_s: float) -> tuple[str, ...]:
+        """:meth:`wait`, then stop the writer thread: what never landed (empty: all written)."""
+        left = self.wait(limit_s)
+        with self._changed:
             self._closing = True
             self._changed.notify_all()
-            return tuple(held.what for held in self._queue)
+        return left
 
     def _drain(self) -> None:
         delay, tries, away_since = self.backoff_s[0], 0, 0.0

@@ -255,6 +255,23 @@ class ArtifactStore:
             raise DigestMismatch(key, digest, actual, fix="The store's copy is corrupt; re-push the manifest.")
         return ArtifactManifest.from_canonical(data, source=f"{self.backend.describe()}/{key}")
 
+    def get_small_file(self, manifest: ArtifactManifest, path: str, limit_bytes: int = 1 << 20) -> bytes:
+        """One small file of the artifact (its config.json), checked against its manifest entry, without the rest."""
+        entry = next((entry for entry in manifest.entries if entry.path == path), None)
+        where = f"{self.backend.describe()} (artifact {manifest.digest}, {path})"
+        if entry is None:
+            raise StoreError(f"the artifact has no file {path!r}", where=where,
+                             fix="Publish an artifact whose manifest lists it.")
+        if entry.size > limit_bytes:
+            raise StoreError(f"{path} is {entry.size} bytes, more than the {limit_bytes} a controller reads",
+                             where=where, fix="Keep config files small; weights never come to the controller.")
+        data = self.backend.get_bytes(blob_key(entry.sha256))
+        actual = sha256_digest(data)
+        if actual.removeprefix("sha256:") != entry.sha256.removeprefix("sha256:") or len(data) != entry.size:
+            raise DigestMismatch(blob_key(entry.sha256), entry.sha256, actual,
+                                 fix="The store's copy is corrupt; re-push the artifact.")
+        return data
+
     def get_signature(self, digest: str) -> bytes | None:
         """The published signature of the manifest, or None."""
         key = signature_key(digest)

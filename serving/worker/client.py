@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.revision import RuntimeEnvironment
+from revgate.registry.compat import EngineCapabilities
 from revgate.serving.worker.request import ReplicaRequest
 
 
@@ -53,6 +54,18 @@ class AgentEngine:
             return cls(url, runtime, str(report["device"]), dict(report["capabilities"]))
         except (KeyError, TypeError, ValidationError) as error:
             raise WorkerRequestFailed(f"the agent's engine report is malformed: {error}", where=f"GET {url}/v1/engine",
+                                      fix="Run the same revgate version on the agent as on the controller.") from None
+
+    def can_run(self) -> EngineCapabilities:
+        """What this agent's engine build says it can run, as the compatibility check reads it."""
+        try:
+            return EngineCapabilities(head_sizes=frozenset(int(size) for size in self.capabilities["head_sizes"]),
+                                      dtypes=frozenset(str(dtype) for dtype in self.capabilities["dtypes"]),
+                                      quantization=frozenset(str(method) for method in
+                                                             self.capabilities["quantization"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise WorkerRequestFailed(f"the agent's engine capabilities are malformed: {error!r}",
+                                      where=f"GET {self.url}/v1/engine",
                                       fix="Run the same revgate version on the agent as on the controller.") from None
 
 

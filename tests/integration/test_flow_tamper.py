@@ -8,6 +8,7 @@ flow on a real Prefect server, MLflow on SQLite, the file route store.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -96,3 +97,29 @@ def test_a_tampered_weight_passes_the_controllers_check_and_the_agent_refuses_it
     reason = f"{view['failure'].get('error', '')} {view['failure'].get('message', '')}"
     assert "sha256" in reason or "digest" in reason.lower(), reason  # re-hashed where it is loaded
     assert [s.generation for s in open_route_store(spec.route_store).history("tampered")] == [1]  # no traffic
+
+
+@pytest.mark.timeout(600)
+def test_a_candidate_the_agents_engine_cannot_run_is_refused_by_the_flow_before_any_agent_starts_it(
+    zoo_dir: Path, prefect_api: str, tmp_path: Path
+) -> None:
+    # The defect: only the agent checked the fit, while loading; the controller started a replica that could
+    # only fail. Now the flow reads config.json alone (checked against the manifest) and each agent's report.
+    from revgate.flows.promote import promote_revision
+
+    token = processes.token_file(tmp_path / "agent-token")
+    with processes.worker_agent(tmp_path / "agent", token) as worker_url:
+        spec = tampered_spec(tmp_path, zoo_dir, "unfit", worker_url, token, signed_by="publisher")
+        limit = json.loads((zoo_dir / load_revisions(zoo_dir)["improved"].path / "config.json").read_text())
+        too_long = limit["max_position_embeddings"] * 2
+        spec = spec.model_copy(update={"execution": spec.execution.model_copy(update={"max_model_len": too_long})})
+        with pytest.raises(RevgateError) as refused:
+            promote_revision(spec)
+        assert WorkerClient(worker_url, token.read_text().strip()).replicas() == []  # no agent was asked to start
+    message = str(refused.value)
+    assert "execution.max_model_len" in message and worker_url in message, message
+    assert f"max_model_len {too_long} exceeds the model's position limit" in message, message
+    assert [s.generation for s in open_route_store(spec.route_store).history("unfit")] == [1]  # no traffic
+    tags = decided(spec)
+    assert tags["revgate.decision"] == "failed" and "revgate.step.load" not in tags
+    assert not list((tmp_path / "evidence").rglob("*.safetensors"))  # only the config came to the controller

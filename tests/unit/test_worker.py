@@ -536,3 +536,19 @@ def test_an_agents_engine_report_is_parsed_strictly() -> None:
     for broken in ({**report, "runtime": {"engine": "vllm"}}, {"device": "cuda"}):
         with pytest.raises(WorkerRequestFailed, match="engine report is malformed"):
             AgentEngine.from_report(broken, url="http://gpu-1:9000")
+
+
+def test_an_agents_reported_capabilities_are_what_the_compatibility_check_reads() -> None:
+    from revgate.manifests.revision import RuntimeEnvironment
+    from revgate.registry.compat import CPU_ENGINE, GPU_ENGINE
+    from revgate.serving.worker.client import AgentEngine, WorkerRequestFailed
+    from revgate.serving.worker.report import engine_report
+
+    runtime = RuntimeEnvironment(engine_distribution="vllm", engine_version="0.11.0", torch_version="2.8.0",
+                                 device="cpu", lock_digest="sha256:" + "a" * 64)
+    for built in (CPU_ENGINE, GPU_ENGINE):
+        report = json.loads(json.dumps(engine_report(runtime, built, device="cpu", slots=2, memory_bytes=1 << 30)))
+        assert AgentEngine.from_report(report, url="http://gpu-1:9000").can_run() == built
+    broken = AgentEngine("http://gpu-1:9000", runtime, "cpu", {"dtypes": ["auto"]})
+    with pytest.raises(WorkerRequestFailed, match="capabilities are malformed"):
+        broken.can_run()
