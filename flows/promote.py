@@ -241,7 +241,7 @@ class Promotion:
                  outbox: EvidenceOutbox | None = None) -> None:
         self.spec = spec
         self.ledger = ledger
-        self.outbox = outbox or EvidenceOutbox(ledger.reachable)  # evidence after the decision's commit
+        self.outbox = outbox or EvidenceOutbox(lambda: ledger.reachable())  # evidence after the decision's commit
         self.run = run
         self.target = target
         self.domains = domains or {}  # each candidate endpoint's failure domain, for the snapshot

@@ -2,6 +2,8 @@
 
 An ejected endpoint gets no new requests until its backoff passes (1 s, doubling per failure in a
 row, at most 30 s); the first request after that is its probe, and a success ends the ejection.
+A probe whose connection is refused costs its caller nothing: no byte was sent, so the router
+sends the request on to another live replica (or stable) without spending a retry.
 Without this the router kept sending new requests to a replica that had died until the flow's
 next replica watch removed it from the route (one lease renewal, minutes on the default plan).
 Pure bookkeeping over loop time; the router calls it from the request path.

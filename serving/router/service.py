@@ -367,7 +367,7 @@ class Router:
         """Attempts in retry order; ``settled`` is the first attempt's relay when it already ran."""
         order = self._live_first(call.target, retry_order(call.target, call.route.failure_domains, first))
         plan = [order[step % len(order)] for step in range(_retries(call) + 1)]
-        number = 0
+        number = unsent = 0
         while number < len(plan):
             index = plan[number]
             number += 1
@@ -379,6 +379,12 @@ class Router:
             if relay.started:
                 self._answered(call, relay)
                 return
+            if relay.error is not None and relay.error.unsent and unsent < len(call.target.endpoints):
+                # A refused connection carried nothing: it spends no retry. Another live replica of the same
+                # revision takes the request; with none, the fallback below (the candidate) or the failure.
+                unsent += 1
+                if (spare := self._another_live(call.target, index)) is not None:
+                    plan.insert(number, spare)
             if number < len(plan) or self._may_fall_back(call):
                 reason = str(relay.error) if relay.error else f"upstream status {relay.status}"
                 self._record(call, "error", reason)
@@ -390,6 +396,13 @@ class Router:
                 plan += [order[step % len(order)] for step in range(_retries(call) + 1)]
         message = str(call.relay.error) if call.relay and call.relay.error else "upstream unavailable"
         self._fail(call, "error", 502, message)
+
+    def _another_live(self, target: Target, tried: int) -> int | None:
+        """A live endpoint of ``target`` other than ``tried`` (the freshly ejected one), or None."""
+        now = self._loop.time()
+        count = len(target.endpoints)
+        return next((index for step in range(1, count) if self.ejections.live(
+            target.endpoints[index := (tried + step) % count], now)), None)
 
     def _may_fall_back(self, call: Call) -> bool:
         """Whether a call on the candidate may go to stable: none of the candidate's replicas is live."""

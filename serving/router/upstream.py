@@ -21,9 +21,10 @@ MAX_IDLE_PER_ENDPOINT = 512
 class UpstreamError(Exception):
     """The upstream failed before a complete response (refused, reset, malformed)."""
 
-    def __init__(self, message: str, *, stale: bool = False) -> None:
+    def __init__(self, message: str, *, stale: bool = False, unsent: bool = False) -> None:
         super().__init__(message)
         self.stale = stale  # a reused idle connection closed before answering: safe to resend at once
+        self.unsent = unsent  # no connection was made: not a byte of the request left the router
 
 
 class Sink(Protocol):
@@ -164,7 +165,8 @@ class UpstreamPool:
         try:
             _, protocol = await loop.create_connection(lambda: UpstreamConnection(self, address), *address)
         except OSError as error:
-            raise UpstreamError(f"cannot connect to upstream {address[0]}:{address[1]}: {error}") from None
+            raise UpstreamError(f"cannot connect to upstream {address[0]}:{address[1]}: {error}",
+                                unsent=True) from None
         return protocol
 
     def release(self, connection: UpstreamConnection) -> None:

@@ -66,6 +66,27 @@ def test_a_candidate_replica_that_dies_costs_no_request(tmp_path: Path) -> None:
             assert counter(router.admin_url, "fallback_to_stable_total") > fallbacks
 
 
+def test_a_dead_replicas_probes_cost_no_request_even_with_no_retries(tmp_path: Path) -> None:
+    # The defect: each probe of an ejected replica was a user's request, and with no retries it failed:
+    # one failed request per router at 1, 3, 7, 15 s after the death, then every 30 s, for as long as the
+    # dead replica stayed in the route. A refused connection sends nothing, so it spends no retry now.
+    with UpstreamFarm(["s1"]) as stable, UpstreamFarm(["c1"]) as first, UpstreamFarm(["c2"]) as second:
+        route = snapshot(ROUTE, 1, [stable["s1"]], candidate=[first["c1"], second["c2"]], weight_ppm=500_000,
+                         max_retries=0)
+        with router_process(tmp_path, ROUTE, route) as router:
+            first.__exit__()
+            wait_until(lambda: not accepts(first["c1"].port), timeout=20)
+            answers: list[tuple[int, str]] = []
+
+            def probed_again() -> bool:  # the dead replica ejected, its backoff passed, and probed again
+                answers.extend(send(router.url, range(len(answers), len(answers) + 20)))
+                return counter(router.admin_url, "endpoint_ejected_total") >= 3
+
+            wait_until(probed_again, timeout=60)
+            assert [a for a in answers if a[0] != 200] == [], "a probe of the dead replica failed a request"
+            assert fingerprint("c") in {revision for _, revision in answers}  # the live replica serves on
+
+
 def accepts(port: int) -> bool:
     import socket
 
