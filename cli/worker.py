@@ -29,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--cpu-slots", type=int, default=2,
                         help="on the CPU: split this host's cores into N slots, one replica's engine per slot "
                         "(the least used; 0: let vLLM bind every engine to every core)")
+    parser.add_argument("--keep-replicas", action="store_true",
+                        help="ready replicas outlive this agent: their engines run on when it stops, and the next "
+                        "agent on the cache started with this flag adopts them (same id, same endpoint); without "
+                        "it, every replica is drained on shutdown and any an earlier agent left is stopped")
     parser.set_defaults(func=run)
 
 
@@ -53,5 +57,6 @@ def run(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, cache=args.cache, token_file=args.token_file,
         device=args.device, engine_python=python, startup_timeout_s=args.startup_timeout,
         stop_timeout_s=args.stop_timeout, cpu_slots=args.cpu_slots, replica_host=args.replica_host,
+        keep_replicas=args.keep_replicas,
     ))
     return 0

@@ -33,9 +33,12 @@ from revgate.serving.worker.engine import (
     engine_command,
     engine_env,
     free_port,
+    health_status,
     port_is_open,
+    session_members,
 )
 from revgate.serving.worker.engine import engine_python as default_engine_python
+from revgate.serving.worker.kept import KeptReplica, read_kept, write_kept
 from revgate.serving.worker.proxy import ReplicaProxy
 from revgate.serving.worker.report import engine_report
 from revgate.serving.worker.request import ReplicaRequest
@@ -72,6 +75,34 @@ class SupervisedEngine(EngineProcess):
     def exit_code(self) -> int | None:
         """The exit status once the process has ended, else None."""
         return None if self._process is None else self._process.poll()
+
+
+class AdoptedEngine(SupervisedEngine):
+    """An engine an earlier agent on this cache left running: known by its session (its pid) and port.
+
+    Not this agent's child, so its exit status is unknown: ``exit_code`` is -1 once it has gone."""
+
+    def __init__(self, pid: int, port: int, log_path: Path) -> None:
+        super().__init__([], {}, port, ENGINE_HOST, log_path, outlive_parent=True)
+        self._adopted_pid = pid
+
+    @property
+    def pid(self) -> int | None:
+        """The engine's pid (its session's leader)."""
+        return self._adopted_pid
+
+    def exit_code(self) -> int | None:
+        """-1 once every process of its session has gone, else None."""
+        return -1 if not session_members(self._adopted_pid) else None
+
+    def start(self) -> None:
+        raise EngineError("an adopted engine is already running", fix="Start a new replica instead.")
+
+    def stop(self, grace: float = 15.0) -> bool:
+        """SIGTERM its whole session, SIGKILL what is left after ``grace``; whether SIGKILL was needed."""
+        killed = self._stop_leftovers(self._adopted_pid, grace)
+        self._wait_port_released()
+        return killed
 
 
 def served_model_name(request: ReplicaRequest) -> str:
@@ -157,8 +188,11 @@ class WorkerAgent:
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
         preparer: Preparer | None = None,
         cpu_slots: int = 2,
+        keep_replicas: bool = False,
     ) -> None:
         self.cache = cache
+        # Ready replicas outlive this agent (their engines run on when it stops) for the next one to adopt.
+        self.keep_replicas = keep_replicas
         # On the CPU each replica computes on its own slot of this process's cores (see serving.worker.cores).
         self.slots = split_cores(sorted(os.sched_getaffinity(0)), cpu_slots) if device == "cpu" else ()
         self.device = device
@@ -174,8 +208,94 @@ class WorkerAgent:
         self._running: dict[str, _Running] = {}
         self._ids = itertools.count(1)
         (cache / "logs").mkdir(parents=True, exist_ok=True)
-        # Replica folders of an earlier agent on this cache: none of their replicas runs any more.
-        remove_tree(cache / "replicas")
+        # What an earlier agent on this cache left running is adopted or stopped by :meth:`take_over`; the
+        # replica folders of anything else it had are stale.
+        self._left = read_kept(cache)
+        self.took_over: dict[str, str] = {}  # replica id -> "adopted" or why it was stopped
+        kept = {entry.replica_id for entry in self._left}
+        for folder in (cache / "replicas").glob("*") if (cache / "replicas").is_dir() else ():
+            if folder.name not in kept:
+                remove_tree(folder)
+
+    # ----- what an earlier agent left
+
+    async def take_over(self) -> dict[str, str]:
+        """Adopt (with ``keep_replicas``) or stop each replica the last agent on this cache left running, and
+        say which: replica id -> "adopted", or why it was stopped. Runs once, before the control API serves."""
+        left, self._left = self._left, []
+        for entry in left:
+            try:
+                self.took_over[entry.replica_id] = await self._take_over(entry)
+            except Exception as error:  # one replica that cannot be taken over never keeps the agent down
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(AdoptedEngine(entry.engine_pid, entry.engine_port, Path(
+                        self.cache / "logs" / f"{entry.replica_id}.log")).stop, self.stop_timeout_s)
+                self._running.pop(entry.replica_id, None)
+                self._replicas.pop(entry.replica_id, None)
+                self.took_over[entry.replica_id] = f"stopped: it could not be adopted ({type(error).__name__}: {error})"
+            LOG.info("replica %s (%s) left by the last agent on this cache: %s", entry.replica_id,
+                     entry.served_model, self.took_over[entry.replica_id])
+        numbers = [int(name.rsplit("-", 1)[1]) for name in self.took_over if name.rsplit("-", 1)[-1].isdigit()]
+        self._ids = itertools.count(max([0, *numbers]) + 1)  # a new replica never reuses an adopted id
+        self._record_kept()
+        return dict(self.took_over)
+
+    async def _take_over(self, entry: KeptReplica) -> str:
+        engine = AdoptedEngine(entry.engine_pid, entry.engine_port, self.cache / "logs" / f"{entry.replica_id}.log")
+        if engine.exit_code() is not None:
+            return "gone: its engine is no longer running"
+        answering = await asyncio.to_thread(health_status, ENGINE_HOST, entry.engine_port) == 200
+        if not (self.keep_replicas and answering):
+            why = "this agent does not keep replicas" if answering else "its engine does not answer /health"
+            await asyncio.to_thread(engine.stop, self.stop_timeout_s)
+            remove_tree(self.cache / "replicas" / entry.replica_id)
+            return f"stopped: {why}"
+        running = _Running(entry.replica_request(), Admission(entry.replica_id), engine.log_path,
+                           self.cache / "replicas" / entry.replica_id, slot=entry.slot, engine=engine)
+        running.proxy = ReplicaProxy(running.admission, entry.revision, entry.engine_port, self.host)
+        try:
+            await running.proxy.start(entry.proxy_port)
+        except OSError as error:  # its endpoint is taken: a replica nobody can reach is no replica
+            await asyncio.to_thread(engine.stop, self.stop_timeout_s)
+            remove_tree(running.folder)
+            return f"stopped: its endpoint's port {entry.proxy_port} cannot be listened on ({error})"
+        self._running[entry.replica_id] = running
+        self._replicas[entry.replica_id] = Replica(
+            replica_id=entry.replica_id, revision=entry.revision, served_model=entry.served_model,
+            state=ReplicaState.READY, endpoint=f"http://{self.host}:{entry.proxy_port}", created_at=entry.created_at,
+            engine_port=entry.engine_port, pid=entry.engine_pid, cpu_cores=entry.cpu_cores,
+            timings_s=entry.timings_s, capacity=entry.measured(), adopted=True)
+        running.admission.open()
+        running.tasks.append(asyncio.get_running_loop().create_task(self._supervise(entry.replica_id)))
+        return "adopted"
+
+    def _record_kept(self) -> None:
+        """The ready replicas, as the next agent on this cache reads them (see serving.worker.kept)."""
+        kept = []
+        for replica_id, running in self._running.items():
+            replica = self._replicas[replica_id]
+            if not replica.is_ready or running.engine is None or running.engine.pid is None or running.proxy is None:
+                continue
+            kept.append(KeptReplica(
+                replica_id=replica_id, revision=replica.revision, served_model=replica.served_model,
+                request=running.request.model_dump(mode="json"), engine_pid=running.engine.pid,
+                engine_port=running.engine.port, proxy_port=running.proxy.port, cpu_cores=replica.cpu_cores,
+                slot=running.slot, created_at=replica.created_at, timings_s=dict(replica.timings_s),
+                capacity=None if replica.capacity is None else {
+                    "requests_per_s": replica.capacity.requests_per_s,
+                    "output_tokens_per_s": replica.capacity.output_tokens_per_s,
+                    "concurrency": replica.capacity.concurrency}))
+        write_kept(self.cache, kept)
+
+    async def _leave(self, replica_id: str, running: _Running) -> None:
+        """Agent shutdown with ``keep_replicas``: stop serving the replica's endpoint here; its engine runs on."""
+        running.stopping = True  # supervision ends with this agent, not the engine
+        for task in running.tasks:
+            task.cancel()
+        if running.proxy is not None:
+            await running.proxy.close()
+        LOG.info("replica %s (%s) left running for the next agent on this cache", replica_id,
+                 self._replicas[replica_id].served_model)
 
     # ----- reading
 
@@ -321,7 +441,7 @@ class WorkerAgent:
         env = engine_env(execution, self.device)
         if cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind_mask(cores)
-        return SupervisedEngine(command, env, port, ENGINE_HOST, log_path)
+        return SupervisedEngine(command, env, port, ENGINE_HOST, log_path, outlive_parent=self.keep_replicas)
 
     async def _warm(self, replica_id: str, running: _Running) -> None:
         if running.stopping or running.engine is None:
@@ -343,6 +463,7 @@ class WorkerAgent:
         self._set(self._replicas[replica_id].moved_to(
             ReplicaState.READY, capacity=capacity, endpoint=f"http://{self.host}:{proxy_port}"
         ))
+        self._record_kept()
 
     async def _supervise(self, replica_id: str) -> None:
         """Notice a dead engine: report state, exit code and log tail; never restart it under this id."""
@@ -368,6 +489,7 @@ class WorkerAgent:
         running.stopping = True
         running.admission.close(f"replica {replica_id} failed: {failure.message.splitlines()[0]}")
         self._set(replica.failed(failure))
+        self._record_kept()
         await self._release(running)
 
     async def _release(self, running: _Running) -> _Stopped:
@@ -403,6 +525,7 @@ class WorkerAgent:
         replica = self.replica(replica_id)
         running = self._running[replica_id]
         drained = self._set(replica.moved_to(ReplicaState.DRAINING))  # IllegalTransition names the allowed states
+        self._record_kept()
         running.stopping = True
         running.admission.close(f"replica {replica_id} is draining; retry on another replica")
         return drained
@@ -447,10 +570,14 @@ class WorkerAgent:
             await self._fail(replica_id, failure_of(error))
 
     async def close(self, grace_s: float = 5.0) -> None:
-        """Drain every live replica (on agent shutdown nothing is left running)."""
+        """Drain every live replica (on agent shutdown nothing is left running), except, with
+        ``keep_replicas``, the ready ones: their engines run on, recorded for the next agent to adopt."""
         live = [r.replica_id for r in self.replicas() if r.state not in (ReplicaState.FAILED, ReplicaState.TERMINATED)]
         for replica_id in live:
             running = self._running[replica_id]
+            if self.keep_replicas and self._replicas[replica_id].is_ready:
+                await self._leave(replica_id, running)
+                continue
             running.stopping = True
             if self._replicas[replica_id].state is ReplicaState.CREATED:
                 self._set(self._replicas[replica_id].moved_to(ReplicaState.TERMINATED))

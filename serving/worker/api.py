@@ -133,6 +133,7 @@ class ControlApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                await self.agent.take_over()  # what the last agent on this cache left: adopted or stopped
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.agent.close()

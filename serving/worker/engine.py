@@ -264,7 +264,10 @@ class EngineProcess:
         port: int,
         host: str = "127.0.0.1",
         log_path: Path | None = None,
+        *,
+        outlive_parent: bool = False,
     ) -> None:
+        self.outlive_parent = outlive_parent  # kept across its agent's restart: no stop when the parent dies
         self.command = list(command)
         self.env = dict(env)
         self.host = host
@@ -305,7 +308,7 @@ class EngineProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_stop_with_parent,  # noqa: PLW1509 - only calls prctl, no locks or threads
+            preexec_fn=None if self.outlive_parent else _stop_with_parent,  # noqa: PLW1509 - only calls prctl
         )
 
     def wait_healthy(self, timeout: float = 180.0) -> None:

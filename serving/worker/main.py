@@ -26,6 +26,7 @@ async def serve_worker(
     stop_timeout_s: float = 15.0,
     cpu_slots: int = 2,
     replica_host: str | None = None,
+    keep_replicas: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM; the token is checked before anything listens.
 
@@ -36,7 +37,8 @@ async def serve_worker(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with hold_cache(cache):
         agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=replica_host or host,
-                            startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s, cpu_slots=cpu_slots)
+                            startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s, cpu_slots=cpu_slots,
+                            keep_replicas=keep_replicas)
         config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",
                                 lifespan="on", access_log=False)
         await uvicorn.Server(config).serve()

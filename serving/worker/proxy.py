@@ -154,9 +154,9 @@ class ReplicaProxy:
         self.port = 0
         self._server: asyncio.Server | None = None
 
-    async def start(self) -> int:
-        """Start listening on a free port; returns it."""
-        self._server = await asyncio.start_server(self._handle, self.host, 0)
+    async def start(self, port: int = 0) -> int:
+        """Start listening on ``port`` (0: a free one); returns it."""
+        self._server = await asyncio.start_server(self._handle, self.host, port)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

@@ -109,6 +109,7 @@ class Replica:
     capacity: Capacity | None = None
     failure: Failure | None = None
     drain: DrainReport | None = None
+    adopted: bool = False  # taken over, running, from an earlier agent on this host's cache
 
     def moved_to(self, target: ReplicaState, **changes: object) -> Replica:
         """A copy in ``target`` state with ``changes`` applied; refuses disallowed transitions."""
