@@ -61,7 +61,7 @@ from revgate.promotion.machine import (
     start,
 )
 from revgate.promotion.ownership import Takeover, decision_of, drainable, lease_end
-from revgate.promotion.routes import RolloutKeys, desired_route
+from revgate.promotion.routes import RolloutKeys, as_evidence, desired_route
 from revgate.promotion.window import OPEN_UNTIL, WINDOW_TAG, WindowTally, WindowVerdict, tally, window_verdict
 from revgate.registry.auditor_view import IN_ROLLOUT
 from revgate.registry.follow import follow_route
@@ -310,7 +310,7 @@ class Promotion:
                 log.exception("the old stable's replicas could not be listed before the promotion's commit")
 
     def _log_route(self, written: RouteSnapshot, decision: Signed | None, attested: bool) -> None:
-        self.ledger.log_document(self.run, f"route-generation-{written.generation:06d}", written)
+        self.ledger.log_document(self.run, f"route-generation-{written.generation:06d}", as_evidence(written))
         if attested:
             self.attestor.record(decision)
 

@@ -87,6 +87,17 @@ def desired_route(
     return None if same_traffic(current, proposed) and proposed.decision_attestation is None else proposed
 
 
+def as_evidence(snapshot: RouteSnapshot) -> RouteSnapshot:
+    """The snapshot as the evidence ledger keeps it: the cohort secret replaced by its sha256.
+
+    The secret decides each caller's arm; whoever can read the evidence (auditors, every MLflow user)
+    must not be able to pick theirs. The digest still shows which generations shared one rollout's secret.
+    """
+    if not snapshot.cohort_secret:
+        return snapshot
+    return snapshot.model_copy(update={"cohort_secret": hashlib.sha256(snapshot.cohort_secret.encode()).hexdigest()})
+
+
 def renew_leases(current: RouteSnapshot, *, lease_seconds: int, by: str, now: datetime) -> RouteSnapshot:
     """The same traffic with the candidate and shadow leases extended (the controller's heartbeat)."""
     weighted = current.candidate and canary(current.candidate, current.candidate.weight_ppm, now, lease_seconds)

@@ -220,3 +220,19 @@ def test_each_candidate_endpoint_names_its_failure_domain_while_it_serves_and_le
     # as a snapshot naming endpoints it does not route to).
     assert rollback_snapshot([first, canary_route], by="oncall", now=NOW).failure_domains == {
         "http://127.0.0.1:8001": "cpu-1"}
+
+
+def test_the_evidence_copy_of_a_route_keeps_no_cohort_secret_only_its_digest() -> None:
+    import hashlib
+
+    from revgate.promotion.routes import RolloutKeys, as_evidence
+
+    keys = RolloutKeys.new()
+    state = advance(default_plan(), start(default_plan()), StepApplied())
+    live = desired_route(route(), state, CANDIDATE, lease_seconds=60, by="flow", now=NOW, keys=keys)
+    assert live is not None and live.cohort_secret == keys.cohort_secret
+    kept = as_evidence(live)
+    assert keys.cohort_secret not in kept.canonical().decode()
+    assert kept.cohort_secret == hashlib.sha256(keys.cohort_secret.encode()).hexdigest()
+    assert kept.model_copy(update={"cohort_secret": live.cohort_secret}) == live  # nothing else changed
+    assert as_evidence(route()) == route()  # outside a rollout there is nothing to hide
