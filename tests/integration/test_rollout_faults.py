@@ -420,7 +420,8 @@ def test_a_ledger_down_at_the_promotion_commit_leaves_the_promotion_standing_wat
             assert "rollback-window" in stored
             # The cohort secret picks each caller's arm: the route store has it, the evidence only its digest.
             secrets = {snapshot.cohort_secret for snapshot in handle.history() if snapshot.cohort_secret}
-            assert secrets and not [name for name, data in stored.items() for secret in secrets if secret.encode() in data]
+            leaked = [name for name, data in stored.items() for secret in secrets if secret.encode() in data]
+            assert secrets and leaked == []
         check_traffic(handle, promoted.stable.fingerprint)
     finally:
         ledger.stop()
