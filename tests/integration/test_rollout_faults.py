@@ -33,6 +33,9 @@ from tests.integration.rollout_estate import Estate, LedgerServer, OpenLoop, Rol
 pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
 LOAD_S = 600  # a candidate replica's verify, load and warm-up on two busy cores
+# One replica's capacity as the plan states it (a profile at load): the warm-up's own figure moves with the
+# host's load, and under a busy host fell below what 1.5 req/s of users need, so the rule refused rollouts.
+PROFILED_RPS = "10"
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,8 @@ def serving_replica(parts: Estate, endpoints: tuple[str, ...]) -> dict[str, Any]
 def half_then_promote(window_s: int, renew_s: int = 2, bake_s: int = 2) -> RolloutPlan:
     """Half the traffic on the candidate for ``bake_s``, then promotion, then a rollback window of ``window_s``."""
     return RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=bake_s)], lease_seconds=20,
-                             lease_renew_seconds=renew_s, rollback_window_seconds=window_s)
+                             lease_renew_seconds=renew_s, rollback_window_seconds=window_s,
+                             replica_capacity_rps=PROFILED_RPS)
 
 
 def evidence_file(handle: Rollout, name: str) -> str:
@@ -93,7 +97,7 @@ def candidate_drained(handle: Rollout, candidate: str) -> bool:
 @pytest.mark.timeout(1200)
 def test_an_operator_rollback_during_a_canary_bake_ends_the_rollout(parts: Estate, tmp_path: Path) -> None:
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=20,
-                             lease_renew_seconds=2, rollback_window_seconds=0)
+                             lease_renew_seconds=2, rollback_window_seconds=0, replica_capacity_rps=PROFILED_RPS)
     with rollout(parts, tmp_path, "bake", plan) as handle:
         stable = handle.current().stable.fingerprint
         handle.start_flow()
@@ -140,7 +144,7 @@ def test_an_approval_longer_than_the_lease_keeps_the_canary_then_a_rollback_in_t
 
     plan = RolloutPlan.build(
         steps=[SetWeight(weight_ppm=200_000), Approve(), SetWeight(weight_ppm=500_000), Bake(seconds=2)],
-        lease_seconds=10, lease_renew_seconds=2, rollback_window_seconds=300,
+        lease_seconds=10, lease_renew_seconds=2, rollback_window_seconds=300, replica_capacity_rps=PROFILED_RPS,
         post_promotion={"min_requests": 10_000},  # the promoted revision is healthy; the operator decides
     )
     with rollout(parts, tmp_path, "approve", plan, approval="ui") as handle:
@@ -200,7 +204,7 @@ def test_a_killed_controller_leaves_stable_serving_within_one_lease(parts: Estat
 
     lease = 10
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=lease,
-                             lease_renew_seconds=2, rollback_window_seconds=0)
+                             lease_renew_seconds=2, rollback_window_seconds=0, replica_capacity_rps=PROFILED_RPS)
     with rollout(parts, tmp_path, "killed", plan) as handle:
         stable = handle.current().stable.fingerprint
         handle.start_flow()
@@ -243,7 +247,7 @@ def test_a_killed_controller_leaves_stable_serving_within_one_lease(parts: Estat
 @pytest.mark.timeout(1200)
 def test_a_candidate_replica_killed_mid_canary_is_rolled_back_automatically(parts: Estate, tmp_path: Path) -> None:
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=20,
-                             lease_renew_seconds=1, rollback_window_seconds=0)
+                             lease_renew_seconds=1, rollback_window_seconds=0, replica_capacity_rps=PROFILED_RPS)
     with rollout(parts, tmp_path, "dead", plan) as handle:
         stable = handle.current().stable.fingerprint
         handle.start_flow()
