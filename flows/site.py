@@ -16,6 +16,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from revgate.flows.spec import (
+    ENGINE_VENV_FIELD,
     LOCAL_RECORDS_FIELD,
     NO_AUTO_APPROVAL,
     PromotionSpec,
@@ -68,6 +69,7 @@ class RouteSite(BaseModel):
     record_signers: dict[str, str] = Field(default_factory=dict, description="router id: its record-signing "
                                            "public key (PEM text or file); only these routers' signed objects count")
     router_records: str = LOCAL_RECORDS_FIELD
+    engine_venv: str = ENGINE_VENV_FIELD
     paired_records: str = LOCAL_RECORDS_FIELD
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = True

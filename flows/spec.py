@@ -31,12 +31,20 @@ LOCAL_RECORDS_FIELD = Field(default="", exclude=True, description="no longer rea
                             "(every router writes to records_sink, the flow's one evidence source)")
 
 
+ENGINE_VENV_FIELD = Field(default="", exclude=True, description="no longer read: refused unless empty (the "
+                          "engine build is the worker agents')")
+
+
 def local_records_problem(document: BaseModel) -> str:
-    """What is wrong when a document still names one router's local records files ("" when nothing).
+    """What is wrong when a document still names one router's local records files, or the controller's engine
+    environment ("" when nothing).
 
     Those files hold one router's share of the traffic: a capacity rule or a rollback window reading
     them sees 1/R of the demand with R routers, and nothing where records go to S3.
     """
+    if getattr(document, "engine_venv", ""):
+        return ("engine_venv: the controller needs no engine environment any more; the flow pins the engine build "
+                "the worker agents report (GET /v1/engine): drop engine_venv")
     named = [key for key in LOCAL_RECORDS if getattr(document, key)]
     if not named:
         return ""
@@ -102,6 +110,7 @@ class PromotionSpec(BaseModel):
         "public key (PEM text, or a PEM file): only their signed objects are read; empty: every object in the "
         "record sink is believed (one machine)")
     router_records: str = LOCAL_RECORDS_FIELD
+    engine_venv: str = ENGINE_VENV_FIELD
     paired_records: str = LOCAL_RECORDS_FIELD
     trace: str = Field(description="JSON-lines trace replayed through the router at each analysis step")
     probes: bool = Field(default=True, description="replay the trace as probe traffic; off: the gates judge "

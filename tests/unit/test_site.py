@@ -205,3 +205,14 @@ def test_a_routers_local_records_file_is_refused_with_the_sink_named_instead(tmp
         PromotionSpec.model_validate_json(json.dumps({**spec.model_dump(mode="json"), field: "records.jsonl"}))
     with pytest.raises(ValueError, match="records_sink"):
         PromotionSpec.model_validate_json(json.dumps({**spec.model_dump(mode="json"), "records_sink": ""}))
+
+
+def test_an_old_document_naming_the_controllers_engine_environment_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    # The engine build is the worker agents' now: a spec or site that still names engine_venv was refused as
+    # an unknown field, with no word of why or what to do instead.
+    with pytest.raises(SiteConfigInvalid) as refused:
+        load_site(write_site(tmp_path, site_json(engine_venv=".venv-engine")))
+    assert "engine_venv" in str(refused.value) and "GET /v1/engine" in str(refused.value)
+    spec = promotion_spec(load_site(write_site(tmp_path, site_json())), "chat", "improved")
+    with pytest.raises(ValueError, match="engine_venv: the controller needs no engine environment"):
+        PromotionSpec.model_validate_json(json.dumps({**spec.model_dump(mode="json"), "engine_venv": ".venv-engine"}))
