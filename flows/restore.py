@@ -18,7 +18,7 @@ from revgate.manifests.errors import RevgateError
 from revgate.manifests.revision import RuntimeEnvironment, ServiceRevision
 from revgate.manifests.route import RouteSnapshot
 from revgate.registry.store import open_store
-from revgate.serving.worker.client import WorkerClient
+from revgate.serving.worker.client import WorkerClient, one_build
 from revgate.serving.worker.request import ReplicaRequest
 
 Say = Callable[[str], None]
@@ -75,7 +75,9 @@ def restorer(settings: RouteSite, say: Say = print, timeout_s: float = 900) -> C
         token = Path(settings.worker_token_file).read_text(encoding="utf-8").strip()
         clients = {url.rstrip("/"): WorkerClient(url, token)
                    for url in dict.fromkeys((settings.worker_url, *settings.more_workers))}
-        revision = revision_of(settings, planned.stable.fingerprint, next(iter(clients.values())).engine().runtime)
+        # Every agent's build, as a rollout pins it: a restore never starts one revision as two.
+        engine = one_build([client.engine() for client in clients.values()])
+        revision = revision_of(settings, planned.stable.fingerprint, engine.runtime)
         request = ReplicaRequest(revision=revision, store=settings.artifact_store,
                                  signature_policy=settings.signature, warm=settings.warm)
         endpoints = []

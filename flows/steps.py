@@ -35,7 +35,7 @@ from revgate.registry.signing import read_signed_files
 from revgate.registry.store import open_store
 from revgate.registry.verify import as_artifact_paths, check_signature_matches
 from revgate.serving.worker.artifact import trust_policy
-from revgate.serving.worker.client import AgentEngine, WorkerClient
+from revgate.serving.worker.client import AgentEngine, WorkerClient, one_build
 from revgate.serving.worker.request import ReplicaRequest
 
 log = logging.getLogger(__name__)
@@ -58,14 +58,7 @@ def fleet_engine(spec: PromotionSpec) -> AgentEngine:
     The agents own the engine's identity; the controller (a CPU host, often) has no engine of its own
     to ask. Agents on different builds would run different revisions of one candidate: refused.
     """
-    engines = fleet_engines(spec)
-    builds = {engine.runtime.digest: engine for engine in engines}
-    if len(builds) > 1:
-        described = "; ".join(f"{engine.url}: {engine.runtime.engine_distribution} {engine.runtime.engine_version} "
-                              f"on {engine.device} (lock {engine.runtime.lock_digest[:19]})" for engine in engines)
-        raise PromotionRefused(f"the fleet's agents run different engine builds: {described}", where="workers",
-                               fix="Run one engine build on every agent of the route, or name only agents that do.")
-    return engines[0]
+    return one_build(fleet_engines(spec))
 
 
 def fleet_engines(spec: PromotionSpec) -> list[AgentEngine]:

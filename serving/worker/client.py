@@ -69,6 +69,20 @@ class AgentEngine:
                                       fix="Run the same revgate version on the agent as on the controller.") from None
 
 
+class MixedEngineBuilds(RevgateError):
+    """The agents of one route run different engine builds: one revision would run as several."""
+
+
+def one_build(engines: list[AgentEngine]) -> AgentEngine:
+    """The one engine build ``engines`` share (the first agent's report); MixedEngineBuilds naming each if not."""
+    if len({engine.runtime.digest for engine in engines}) > 1:
+        described = "; ".join(f"{engine.url}: {engine.runtime.engine_distribution} {engine.runtime.engine_version} "
+                              f"on {engine.device} (lock {engine.runtime.lock_digest[:19]})" for engine in engines)
+        raise MixedEngineBuilds(f"the fleet's agents run different engine builds: {described}", where="workers",
+                                fix="Run one engine build on every agent of the route, or name only agents that do.")
+    return engines[0]
+
+
 class WorkerClient:
     """Talks to one worker agent at ``url`` with its bearer token."""
 

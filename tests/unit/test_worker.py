@@ -552,3 +552,19 @@ def test_an_agents_reported_capabilities_are_what_the_compatibility_check_reads(
     broken = AgentEngine("http://gpu-1:9000", runtime, "cpu", {"dtypes": ["auto"]})
     with pytest.raises(WorkerRequestFailed, match="capabilities are malformed"):
         broken.can_run()
+
+
+def test_agents_on_different_engine_builds_are_named_and_refused_by_rollouts_and_restores_alike() -> None:
+    from revgate.manifests.revision import RuntimeEnvironment
+    from revgate.serving.worker.client import AgentEngine, MixedEngineBuilds, one_build
+
+    def engine(url: str, lock: str) -> AgentEngine:
+        runtime = RuntimeEnvironment(engine_distribution="vllm", engine_version="0.11.0", torch_version="2.8.0",
+                                     device="cpu", lock_digest="sha256:" + lock * 64)
+        return AgentEngine(url, runtime, "cpu", {})
+
+    same = [engine("http://gpu-1:9000", "a"), engine("http://gpu-2:9000", "a")]
+    assert one_build(same) is same[0]
+    with pytest.raises(MixedEngineBuilds) as mixed:
+        one_build([same[0], engine("http://gpu-2:9000", "b")])
+    assert "http://gpu-1:9000" in str(mixed.value) and "http://gpu-2:9000" in str(mixed.value)
