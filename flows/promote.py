@@ -708,11 +708,11 @@ class Rollout:
         self.outbox.write("the decision's tag", partial(self.ledger.tag, run, "revgate.decision", "promoted"))
         if seconds <= 0:
             return
+        # Whoever returns at the line below (revgate promote) reads the registry next: let the decision's writes
+        # land first, unless the ledger is away.
+        self.outbox.wait(QUIET_FLUSH_S)
         until = (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="seconds")
         self.outbox.write("the window's start", partial(self.ledger.tag, run, WINDOW_TAG, f"{OPEN_UNTIL}{until}"))
-        # Whoever returns at this line (revgate promote) reads the registry next: let the decision's writes land
-        # first, unless the ledger is away.
-        self.outbox.wait(QUIET_FLUSH_S)
         get_run_logger().info("%s%s; the rollback window watches until %s (revgate status shows how it ends)",
                               DECIDED, "promoted", until)
 
