@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from revgate.flows import processes
+from revgate.serving.worker.agent import AdoptedEngine
 from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.engine import free_port, session_members
+from revgate.serving.worker.kept import read_kept
+from revgate.serving.worker.request import ReplicaRequest
 from revgate.zoo.index import load_revisions
 from tests.integration.test_worker_agent import START_TIMEOUT_S, completion, published_request, wait_until
 
@@ -43,7 +46,14 @@ def test_a_restarted_agent_adopts_the_replica_it_left_and_one_without_the_flag_s
     # adopted them again; an agent killed hard left vLLM's engine processes running for ever.
     request = published_request(tmp_path, zoo_dir / load_revisions(zoo_dir)["stable"].path)
     cache, token, port = tmp_path / "cache", processes.token_file(tmp_path / "token"), free_port()
-    log = tmp_path / "worker.log"
+    try:
+        adopted_then_stopped(request, cache, token, port, tmp_path / "worker.log")
+    finally:  # a kept engine outlives its agent by design: a test that fails midway still ends it
+        for entry in read_kept(cache):
+            AdoptedEngine(entry.engine_pid, entry.engine_port, tmp_path / "engine.log").stop(10)
+
+
+def adopted_then_stopped(request: ReplicaRequest, cache: Path, token: Path, port: int, log: Path) -> None:
     with agent(cache, token, port, keep=True) as client:
         started = client.start(request)
         view = client.wait_for(str(started["replica_id"]), {"ready"}, START_TIMEOUT_S)
