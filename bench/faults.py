@@ -55,7 +55,7 @@ os.chdir(ROOT)
 import boto3  # noqa: E402
 import httpx  # noqa: E402
 
-from bench.fleet import machine  # noqa: E402
+from bench.fleet import answers, machine  # noqa: E402
 from revgate.flows import processes  # noqa: E402
 from revgate.flows.spec import PromotionSpec  # noqa: E402
 from revgate.manifests.gates import GatePolicy  # noqa: E402
@@ -173,18 +173,11 @@ def upstream(gpu: Host, port: int | None = None) -> Iterator[str]:
     port = port or gpu.free_port()
     process = gpu.popen([sys.executable, "-c", UPSTREAM, gpu.address, str(port), gpu.name])
     try:
-        wait_until(lambda: _answers(gpu.url(port)), 30, f"the upstream on {gpu.name} answering")
+        wait_until(lambda: answers(gpu.url(port)), 30, f"the upstream on {gpu.name} answering")
         yield gpu.url(port)
     finally:
         process.terminate()
         process.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.post(f"{url}/v1/completions", json={}, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @contextmanager

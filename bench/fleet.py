@@ -83,14 +83,15 @@ def upstream(gpu: Host) -> Any:
     port, fail = gpu.free_port(), gpu.folder / "FAIL"
     process = gpu.popen([sys.executable, "-c", UPSTREAM, gpu.address, str(port), str(fail)])
     try:
-        wait_until(lambda: _answers(gpu.url(port)), 30, "the upstream answering")
+        wait_until(lambda: answers(gpu.url(port)), 30, "the upstream answering")
         yield gpu.url(port), fail
     finally:
         process.terminate()
         process.wait(10)
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether the responder at ``url`` answers a completion with 200."""
     try:
         return httpx.post(f"{url}/v1/completions", json={}, timeout=2).status_code == 200
     except httpx.HTTPError:
