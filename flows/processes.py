@@ -183,11 +183,15 @@ def stop(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
 
 
 @contextmanager
-def mlflow_ui(tracking_uri: str, log: Path, *, at: Placement = LOCAL) -> Iterator[str]:
-    """``mlflow server`` over the tracking store (the UI at ``/``), for as long as the block runs; its URL."""
+def mlflow_ui(tracking_uri: str, log: Path, *, at: Placement = LOCAL, artifacts: Path | None = None) -> Iterator[str]:
+    """``mlflow server`` over the tracking store (the UI at ``/``), for as long as the block runs; its URL.
+
+    The evidence files clients log through it are kept in ``artifacts`` (default: beside the log), on the
+    server's host: never in whatever folder the server was started from."""
     port = free_port()
+    destination = (artifacts or log.parent / "mlflow-artifacts").resolve()
     argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri, "--host", at.host,
-            "--port", str(port), "--workers", "1"]
+            "--port", str(port), "--workers", "1", "--artifacts-destination", str(destination)]
     # MLflow answers only Host headers naming localhost unless told which others are this server's.
     argv += ["--allowed-hosts", f"{at.host}:{port},{at.host}"] if at.host != LOCAL.host else []
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

@@ -106,6 +106,15 @@ class EvidenceLedger:
             self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             self.client.search_registered_models(max_results=1)  # the registry's store opens lazily
         self.artifact_root = artifact_root
+        self.tracking_uri = tracking_uri
+
+    def _artifact_location(self, route: str) -> str | None:
+        """Where a new experiment's evidence files go: a tracking server keeps them itself (its artifact store,
+        which it serves); only a local store keeps them under ``artifact_root``. A path here, given to a server,
+        would name the controller's own disk, which no auditor on another host can read."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return None
+        return (self.artifact_root / route).resolve().as_uri()
 
     def reachable(self) -> bool:
         """Whether the tracking store answers at all (one cheap read); raises what the client raised if not."""
@@ -119,7 +128,7 @@ class EvidenceLedger:
         experiment_id = (
             experiment.experiment_id
             if experiment is not None
-            else self.client.create_experiment(name, artifact_location=(self.artifact_root / route).resolve().as_uri())
+            else self.client.create_experiment(name, artifact_location=self._artifact_location(route))
         )
         all_tags = {"revgate.route": route, "revgate.candidate": candidate, **(tags or {})}
         run = self.client.create_run(experiment_id, tags=all_tags, run_name=f"promote {candidate[7:19]}")

@@ -324,7 +324,8 @@ class LedgerServer:
         assert self.running is None
         argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
                 f"sqlite:///{(self.folder / 'mlflow.db').resolve()}", "--host", "127.0.0.1",
-                "--port", str(self.port), "--workers", "1"]
+                "--port", str(self.port), "--workers", "1",
+                "--artifacts-destination", str((self.folder / "ledger-artifacts").resolve())]
         stack = ExitStack()
         stack.enter_context(processes.service(argv, f"{self.url}/health", self.folder / "mlflow-server.log",
                                               env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, timeout_s=180))

@@ -10,28 +10,35 @@ loses ``store`` while serving.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import boto3
 import httpx
 import pytest
+from mlflow.tracking import MlflowClient
 
 from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.traces import generate_trace, write_trace
 from revgate.flows import processes
-from revgate.flows.demo import EXECUTION, signing_key
+from revgate.flows.demo import EXECUTION, demo_plan, demo_policy, signing_key
+from revgate.flows.spec import PromotionSpec
 from revgate.flows.steps import start_replica
 from revgate.manifests.revision import InterfacePolicy, ServiceRevision
+from revgate.manifests.rollout import RolloutPlan
 from revgate.manifests.route import RevisionTarget, RouteSnapshot, RouteStore
 from revgate.registry.build import build_manifest
 from revgate.registry.record_signing import load_public_key
@@ -44,7 +51,7 @@ from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 from revgate.zoo.index import load_revisions
 from tests.integration.hosts import Host, Network, namespaces, pid_gone, run_prefix, sweep_stale
-from tests.integration.rollout_estate import WARM, OpenLoop, Sent, wait_until
+from tests.integration.rollout_estate import WARM, OpenLoop, Sent, wait_until, write_site
 
 pytestmark = pytest.mark.servers
 
@@ -166,12 +173,15 @@ PEM_BLOCK = re.compile(r"-----BEGIN PUBLIC KEY-----.*?-----END PUBLIC KEY-----\n
 
 @dataclass(frozen=True)
 class Plane:
-    """The store host's S3 server with the stable revision published on it, and gpu-1's agent serving it."""
+    """The store host's S3 server with the zoo's revisions published on it, an agent on each gpu host, and
+    gpu-1's agent serving stable."""
 
     s3: str  # the S3 endpoint on store
     routes: str  # the route store's URL
     records: str  # the record sink's URL
     stable: RevisionTarget
+    digests: dict[str, str]  # published revision name: manifest digest
+    agents: dict[str, str]  # gpu host name: its agent's URL
 
     @property
     def route_store(self) -> RouteStore:
@@ -187,22 +197,43 @@ def s3_server(store: Host) -> Iterator[str]:
         yield store.url(port)
 
 
-def publish_on(s3: str, zoo_dir: Path, name: str, folder: Path) -> tuple[str, Path]:
-    """Sign the zoo revision ``name`` with a publisher key made in ``folder`` and push it to the store's
-    artifact bucket; its manifest digest and the public key."""
+def publish_on(s3: str, zoo_dir: Path, names: Sequence[str], folder: Path) -> tuple[dict[str, str], Path]:
+    """Sign the zoo revisions ``names`` with a publisher key made in ``folder`` and push them to the store's
+    artifact bucket; their manifest digests and the public key."""
     key, public = signing_key(folder / "keys")
-    model_dir = zoo_dir / load_revisions(zoo_dir)[name].path
-    manifest = build_manifest(model_dir)
-    signature = folder / "signatures" / f"{manifest.digest[7:19]}.sig"
-    signature.parent.mkdir(parents=True, exist_ok=True)
-    sign_with_key(manifest, signature, key, model_name=model_dir.name)
-    return open_store("s3://artifacts/zoo", endpoint_url=s3).push(model_dir, manifest, signature), public
+    revisions, digests = load_revisions(zoo_dir), {}
+    for name in names:
+        model_dir = zoo_dir / revisions[name].path
+        manifest = build_manifest(model_dir)
+        signature = folder / "signatures" / f"{manifest.digest[7:19]}.sig"
+        signature.parent.mkdir(parents=True, exist_ok=True)
+        sign_with_key(manifest, signature, key, model_name=model_dir.name)
+        digests[name] = open_store("s3://artifacts/zoo", endpoint_url=s3).push(model_dir, manifest, signature)
+    return digests, public
+
+
+def provision(host: Host, source: Path, relative: str) -> Path:
+    """An operator's copy of ``source`` (a trust key, a token) at ``relative`` in ``host``'s folder, owner-only."""
+    copy = host.folder / relative
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, copy)
+    copy.chmod(0o600)
+    return copy
+
+
+# Every host that checks a signature has the publisher's key at this path in its own folder, as an operator
+# provisions a trust anchor at one path on each host; relative paths begin in each part's own folder.
+TRUST = "trust/publisher.pub"
+AGENT_TOKEN = "tokens/agents"  # the fleet's agent token: each agent's own copy, and control's
+ADMIN_TOKEN = "tokens/routers"  # the routers' admin token, likewise
+PUBLISHED = ("stable", "improved", "slice-regressed")
 
 
 @pytest.fixture(scope="module")
 def plane(hosts: Network, zoo_dir: Path) -> Iterator[Plane]:
-    """S3 on ``store``; on ``gpu-1`` a worker agent with one replica of stable, loaded from the store's S3."""
-    control, store, gpu = hosts["control"], hosts["store"], hosts["gpu-1"]
+    """S3 on ``store`` with the zoo's revisions; a worker agent on ``gpu-1`` and on ``gpu-2``, each loading
+    from the store's S3, and on ``gpu-1`` one replica of stable."""
+    control, store = hosts["control"], hosts["store"]
     for name, value in S3_CREDENTIALS.items():
         os.environ.setdefault(name, value)  # control's own S3 client
     with ExitStack() as stack:
@@ -211,27 +242,29 @@ def plane(hosts: Network, zoo_dir: Path) -> Iterator[Plane]:
             client = boto3.client("s3", endpoint_url=s3)
             for bucket in ("artifacts", "routes", "records"):
                 client.create_bucket(Bucket=bucket)
-            digest, public = publish_on(s3, zoo_dir, "stable", control.folder / "publisher")
-            # Provisioned on gpu-1 by its operator: the publisher's public key (its trust anchor) and the
-            # agent's token, whose copy control holds to call the agent.
-            trust = gpu.folder / "trust" / "publisher.pub"
-            trust.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(public, trust)
-            token = processes.token_file(gpu.folder / "agent-token")
-            held = control.folder / "gpu-1-token"
-            shutil.copyfile(token, held)
-            at = gpu.placement(**S3_CREDENTIALS, AWS_ENDPOINT_URL=s3)
-            agent = stack.enter_context(processes.worker_agent(gpu.folder / "worker", token, at=at))
+            digests, public = publish_on(s3, zoo_dir, PUBLISHED, control.folder / "publisher")
+            provision(control, public, TRUST)
+            held = processes.token_file(control.folder / AGENT_TOKEN)
+            processes.token_file(control.folder / ADMIN_TOKEN)
+            agents = {}
+            for name in ("gpu-1", "gpu-2"):
+                # Provisioned on each gpu host by its operator: the publisher's key and the fleet's agent token.
+                gpu = hosts[name]
+                provision(gpu, public, TRUST)
+                token = provision(gpu, held, AGENT_TOKEN)
+                at = gpu.placement(**S3_CREDENTIALS, AWS_ENDPOINT_URL=s3)
+                agents[name] = stack.enter_context(processes.worker_agent(gpu.folder / "worker", token, at=at))
             revision = ServiceRevision(name="stable", artifact=open_store("s3://artifacts/zoo", endpoint_url=s3)
-                                       .get_manifest(digest), runtime=engine_runtime(Path(".venv-engine")),
+                                       .get_manifest(digests["stable"]), runtime=engine_runtime(Path(".venv-engine")),
                                        execution=EXECUTION, interface=InterfacePolicy())
-            view = start_replica(WorkerClient(agent, held.read_text().strip()), ReplicaRequest(
+            view = start_replica(WorkerClient(agents["gpu-1"], held.read_text().strip()), ReplicaRequest(
                 revision=revision, store="s3://artifacts/zoo",
-                signature_policy=SignaturePolicySpec(kind="key", public_key=str(trust)), warm=WARM))
+                signature_policy=SignaturePolicySpec(kind="key", public_key=TRUST), warm=WARM))
         stable = RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view["endpoint"]),),
                                 served_model=str(view["served_model"]))
-        assert stable.endpoints[0].startswith(f"http://{gpu.address}:"), stable  # reached on gpu-1's address
-        yield Plane(s3, f"s3://routes/live?endpoint_url={s3}", f"s3://records/live?endpoint_url={s3}", stable)
+        assert stable.endpoints[0].startswith(f"http://{hosts['gpu-1'].address}:"), stable  # on gpu-1's address
+        yield Plane(s3, f"s3://routes/live?endpoint_url={s3}", f"s3://records/live?endpoint_url={s3}", stable,
+                    digests, agents)
     assert hosts.leftovers() == {}, "a part of this module still runs on its host"
 
 
@@ -263,18 +296,21 @@ class Edge:
 
 
 @contextmanager
-def edge_router(edge: Host, plane: Plane) -> Iterator[Edge]:
+def edge_router(edge: Host, routes: str, records: str, route: str = ROUTE, *, control: Host) -> Iterator[Edge]:
     """``revgate router`` on ``edge``: the route from the store's S3, its records to the S3 sink signed with
-    a key made on the edge; control learns its admin token and its public key (the private key stays)."""
-    made = edge.run([sys.executable, "-m", "revgate.cli.main", "router-key", "router.key"])
+    a key made on the edge, the admin token control holds provisioned on it; control learns its public key
+    (the private key stays on the edge)."""
+    key = f"router-{route}.key"  # a key of its own per route (an existing key is never overwritten)
+    made = edge.run([sys.executable, "-m", "revgate.cli.main", "router-key", key])
     assert made.returncode == 0, made.stderr
     signer = PEM_BLOCK.search(made.stdout)
     assert signer, made.stdout
-    token = processes.token_file(edge.folder / "admin-token")
+    held = control.folder / ADMIN_TOKEN
+    token = provision(edge, held, ADMIN_TOKEN)
     at = edge.placement(**S3_CREDENTIALS)
-    with processes.router(plane.routes, ROUTE, edge.folder / "router", token, sink=plane.records,
-                          router_id=edge.name, records_key=edge.folder / "router.key", at=at) as (public, admin):
-        yield Edge(edge.name, public, admin, token.read_text().strip(), signer.group(0))
+    with processes.router(routes, route, edge.folder / f"router-{route}", token, sink=records,
+                          router_id=edge.name, records_key=edge.folder / key, at=at) as (public, admin):
+        yield Edge(edge.name, public, admin, held.read_text().strip(), signer.group(0))
 
 
 def answered(traffic: OpenLoop, after: int = 0) -> list[Sent]:
@@ -290,7 +326,8 @@ def test_an_edge_cut_from_the_store_serves_its_snapshot_and_catches_up_when_heal
     control, store, cut_edge = hosts["control"], hosts["store"], hosts["edge-1"]
     with control.network():
         plane.route_store.write(generation_of(plane, 1))
-        with edge_router(cut_edge, plane) as one, edge_router(hosts["edge-2"], plane) as two:
+        with edge_router(cut_edge, plane.routes, plane.records, control=control) as one, \
+                edge_router(hosts["edge-2"], plane.routes, plane.records, control=control) as two:
             traffic = {one.name: OpenLoop(one.public, rate=4.0), two.name: OpenLoop(two.public, rate=4.0)}
             with traffic[one.name].running(), traffic[two.name].running():
                 for name, loop in traffic.items():
@@ -345,3 +382,233 @@ def test_an_edge_cut_from_the_store_serves_its_snapshot_and_catches_up_when_heal
             assert {record.revision for record in records} == {plane.stable.fingerprint}
     # Control holds copies of tokens and public keys only: no router files, no record-signing key.
     assert not [path for path in control.folder.rglob("*") if "router" in path.name], list(control.folder.rglob("*"))
+
+
+# --- a whole rollout across hosts ------------------------------------------------------------------
+
+FLEET = "fleet"
+RUN_S = 1500  # one rollout on a busy two-core machine: two candidate replicas load and warm, shadow, canary
+SUBMITTED = re.compile(r"\(([0-9a-f-]{36})\) submitted to promote/promote-revision")
+APPROVER = "rm@example.com"
+
+
+@dataclass(frozen=True)
+class Services:
+    """The Prefect server on ``prefect`` and the MLflow tracking server on ``ledger``, as control reaches them."""
+
+    prefect_api: str
+    tracking: str
+
+
+@pytest.fixture(scope="module")
+def services(hosts: Network) -> Iterator[Services]:
+    """``prefect server start`` on ``prefect``; ``mlflow server`` over a SQLite store on ``ledger``, the evidence
+    files kept there too (the server proxies them)."""
+    prefect, ledger = hosts["prefect"], hosts["ledger"]
+    with hosts["control"].network(), ExitStack() as stack:
+        env = stack.enter_context(processes.prefect_server(prefect.folder / "prefect", at=prefect.placement()))
+        tracking = stack.enter_context(processes.mlflow_ui(f"sqlite:///{ledger.folder / 'mlflow.db'}",
+                                                           ledger.folder / "mlflow.log", at=ledger.placement()))
+        yield Services(env["PREFECT_API_URL"], tracking)
+
+
+def fleet_plan(approver_key: Path) -> RolloutPlan:
+    """The demo's stages (shadow, approval, a 50% canary with its gates), approved by a named release manager
+    with a signed answer, a candidate replica on each agent, one replica's capacity stated, a watched window."""
+    return demo_plan().model_copy(update={
+        "approvers": (APPROVER,), "signed_approval": True, "approver_keys": {APPROVER: approver_key.read_text()},
+        "candidate_replicas": 2, "replica_capacity_rps": Decimal("10"), "rollback_window_seconds": 15})
+
+
+def control_env(control: Host, plane: Plane, services: Services) -> dict[str, str]:
+    """What control's operator sets for the Prefect worker, ``revgate`` commands and the runs: the Prefect
+    server, the site configuration (its relative paths begin in control's folder), the store's credentials."""
+    return {"PREFECT_API_URL": services.prefect_api, "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_LOGGING_LEVEL": "INFO", "REVGATE_HOME": str(control.folder),
+            "REVGATE_SITE": str(control.folder / "site.json"), "AWS_ENDPOINT_URL": plane.s3, **S3_CREDENTIALS}
+
+
+@contextmanager
+def prefect_worker(control: Host, env: dict[str, str]) -> Iterator[None]:
+    """``revgate deploy`` from control, then ``prefect worker start --pool revgate`` on control."""
+    done = control.run([sys.executable, "-m", "revgate.cli.main", "deploy"], env=env, timeout=300)
+    assert done.returncode == 0 and "work pool revgate" in done.stdout, done.stdout + done.stderr
+    with (control.folder / "worker.log").open("ab") as log:
+        worker = control.popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "revgate"], env=env,
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        processes.stop(worker)
+
+
+def run_state(services: Services, flow_run_id: str) -> str:
+    """The flow run's state type, from the Prefect server's REST API."""
+    answer = httpx.get(f"{services.prefect_api}/flow_runs/{flow_run_id}", timeout=10)
+    answer.raise_for_status()
+    return str((answer.json().get("state") or {}).get("type", ""))
+
+
+def promote_on_control(control: Host, env: dict[str, str], candidate: str, services: Services,
+                       approver_key: Path | None) -> tuple[int, str, str]:
+    """``revgate promote fleet CANDIDATE`` on control, followed to its end; when the run pauses for approval,
+    the release manager's ``revgate approve`` (signed with their key) from control. Exit code, output, run id."""
+    output = control.folder / f"promote-{candidate}.out"
+    with output.open("w") as sink:
+        command = control.popen([sys.executable, "-m", "revgate.cli.main", "promote", FLEET, candidate,
+                                 "--requested-by", "ana"], env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        submitted = wait_until(lambda: SUBMITTED.search(output.read_text(errors="replace")), 120,
+                               "the run submitted to the deployment")
+        flow_run_id = submitted.group(1)
+        approved = approver_key is None
+        deadline = time.monotonic() + RUN_S
+        while command.poll() is None:
+            assert time.monotonic() < deadline, f"still running after {RUN_S} s:\n{output.read_text()[-4000:]}"
+            if not approved and run_state(services, flow_run_id) == "PAUSED":
+                answer = control.run([sys.executable, "-m", "revgate.cli.main", "approve", flow_run_id,
+                                      "--key", str(approver_key), "--as", APPROVER, "--comment", "evidence read"],
+                                     env=env, timeout=120)
+                assert answer.returncode == 0, answer.stdout + answer.stderr
+                approved = True
+            time.sleep(1)
+    finally:
+        if command.poll() is None:
+            command.kill()
+        command.wait(30)
+    return command.returncode, output.read_text(errors="replace"), flow_run_id
+
+
+def fleet_status(control: Host, env: dict[str, str], routes: str, *, routers: list[str], agents: list[str],
+                 services: Services) -> dict[str, Any]:
+    """``revgate status fleet --json`` on control over both routers and both agents (its exit code checked)."""
+    argv = [sys.executable, "-m", "revgate.cli.main", "status", FLEET, "--routes", routes,
+            "--router-token-file", ADMIN_TOKEN, "--worker-token-file", AGENT_TOKEN, "--tracking-uri", services.tracking,
+            "--prefect-api", services.prefect_api, "--json", "--timeout", "10"]
+    argv += [arg for url in routers for arg in ("--router", url)] + [arg for url in agents for arg in ("--worker", url)]
+    result = control.run(argv, env=env, timeout=180)
+    assert result.returncode == 0 and result.stdout.strip(), result.stdout[-2000:] + result.stderr[-3000:]
+    return dict(json.loads(result.stdout))
+
+
+def evidence_files(services: Services, flow_run_id: str, into: Path) -> tuple[Any, dict[str, Any]]:
+    """The evidence run of a flow run in the ledger's tracking server, and its evidence files by name."""
+    client = MlflowClient(services.tracking)
+    experiment = client.get_experiment_by_name(f"revgate/{FLEET}")
+    assert experiment is not None
+    run = next(r for r in client.search_runs([experiment.experiment_id])
+               if r.data.tags.get("prefect_flow_run_id") == flow_run_id)
+    into.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for item in client.list_artifacts(run.info.run_id, "evidence"):
+        name = item.path.removeprefix("evidence/").removesuffix(".json")
+        if Path(item.path).suffix not in (".json", ".md", ".txt"):
+            continue  # a chart
+        local = Path(client.download_artifacts(run.info.run_id, item.path, str(into)))
+        files[name] = json.loads(local.read_text()) if local.suffix == ".json" else local.read_text()
+    return run, files
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(2 * RUN_S + 900)
+def test_promote_revision_across_hosts_promotes_an_improvement_and_rolls_a_regression_back(
+    hosts: Network, plane: Plane, services: Services, tmp_path: Path
+) -> None:
+    control = hosts["control"]
+    routes, records = f"s3://routes/{FLEET}?endpoint_url={plane.s3}", f"s3://records/{FLEET}?endpoint_url={plane.s3}"
+    approver_key, approver_public = signing_key(tmp_path / "release-manager", "rm")  # the release manager's own
+    write_trace(generate_trace(1200, rate=40.0, seed=7), control.folder / "trace.jsonl")  # the probes' trace
+    with control.network():
+        open_route_store(routes).write(RouteSnapshot(route=FLEET, generation=1, stable=plane.stable, created_by="seed",
+                                                     created_at=datetime.now(UTC), reveal_revision=True))
+        with edge_router(hosts["edge-1"], routes, records, FLEET, control=control) as one, \
+                edge_router(hosts["edge-2"], routes, records, FLEET, control=control) as two:
+            # The site configuration on control: every part by its host's address; files relative to control's folder.
+            spec = PromotionSpec(
+                route=FLEET, candidate_manifest=plane.digests["improved"], candidate_name="improved",
+                artifact_store="s3://artifacts/zoo", route_store=routes,
+                signature=SignaturePolicySpec(kind="key", public_key=TRUST), execution=EXECUTION, warm=WARM,
+                gate_policy=demo_policy(), plan=fleet_plan(approver_public), worker_url=plane.agents["gpu-1"],
+                more_workers=(plane.agents["gpu-2"],), worker_token_file=AGENT_TOKEN, router_url=one.public,
+                router_admin_url=one.admin, more_routers=(two.admin,), router_sync_s=60,
+                router_admin_token_file=ADMIN_TOKEN, records_sink=records,
+                record_signers={edge.name: edge.signer for edge in (one, two)}, trace="trace.jsonl",
+                tracking_uri=services.tracking, evidence_root="evidence", approval="ui", approval_timeout_s=900)
+            env = control_env(control, plane, services)
+            write_site(control.folder / "site.json", [spec])
+            site = json.loads((control.folder / "site.json").read_text())
+            site["routes"][FLEET]["candidates"]["slice-regressed"] = plane.digests["slice-regressed"]
+            (control.folder / "site.json").write_text(json.dumps(site, indent=1))
+
+            users = {edge.name: OpenLoop(edge.public, rate=1.5) for edge in (one, two)}
+            with prefect_worker(control, env), users[one.name].running(), users[two.name].running():
+                code, printed, promoted_run = promote_on_control(control, env, "improved", services, approver_key)
+                assert code == 0 and printed.rstrip().endswith("decision: promoted"), printed[-4000:]
+                after_promotion = list(open_route_store(routes).history(FLEET))
+                code, regressed_printed, regressed_run = promote_on_control(control, env, "slice-regressed",
+                                                                            services, approver_key=None)
+                assert code != 0 and "decision: rolled_back" in regressed_printed, regressed_printed[-4000:]
+            history = list(open_route_store(routes).history(FLEET))
+            token = (control.folder / AGENT_TOKEN).read_text().strip()
+            placed = {name: [r for r in WorkerClient(url, token).replicas()
+                             if r["revision"] == after_promotion[-1].stable.fingerprint and r["state"] == "ready"]
+                      for name, url in plane.agents.items()}
+            status = fleet_status(control, env, routes, routers=[one.admin, two.admin],
+                                  agents=list(plane.agents.values()), services=services)
+            run, evidence = evidence_files(services, promoted_run, tmp_path / "promoted")
+            regressed, regressed_evidence = evidence_files(services, regressed_run, tmp_path / "regressed")
+
+    # Users through both routers for both rollouts: none failed, none served by a revision not routed then.
+    counts = {name: {"sent": len(loop.sent), "failed": len(loop.failed()), "off_route": len(loop.off_route(history))}
+              for name, loop in users.items()}
+    print("users per router:", counts)
+    assert all(c["sent"] > 0 and c["failed"] == 0 and c["off_route"] == 0 for c in counts.values()), counts
+
+    # The improvement: promoted, one candidate replica on each agent, each endpoint in its agent's failure domain.
+    final = after_promotion[-1]
+    assert final.stable.fingerprint != plane.stable.fingerprint and final.candidate is None and final.shadow is None
+    assert final.created_by.startswith("ana (claimed; prefect flow run "), final.created_by
+    assert all(len(replicas) == 1 for replicas in placed.values()), placed
+    assert {url.rstrip("/") for url in final.stable.endpoints} == {
+        str(r["endpoint"]).rstrip("/") for replicas in placed.values() for r in replicas}
+    domain = {hosts[name].address: name for name in plane.agents}
+    assert sorted(domain[d] for d in final.failure_domains.values()) == ["gpu-1", "gpu-2"], final.failure_domains
+    assert all(f"//{address}:" in endpoint for endpoint, address in final.failure_domains.items())
+    assert any(s.shadow is not None for s in after_promotion) and any(s.candidate is not None for s in after_promotion)
+
+    # Its evidence, in the tracking server on ledger, names each host's part; its files are kept on ledger,
+    # where an auditor on any host reads them, and none on control.
+    kept = list((hosts["ledger"].folder / "mlflow-artifacts").rglob("decision.json"))
+    assert len(kept) == 2, kept  # both runs'
+    assert not list((control.folder / "evidence").rglob("decision.json"))
+    tags = run.data.tags
+    assert run.info.status == "FINISHED" and tags["revgate.decision"] == "promoted", tags
+    assert tags["revgate.step.approval"].startswith(f"approved by {APPROVER}, signed with key"), tags
+    assert tags["revgate.rollback_window"].startswith("ended"), tags  # watched from the sink, not slept through
+    assert evidence["agent-engine"]["agent"].rstrip("/") in {url.rstrip("/") for url in plane.agents.values()}
+    replica_agents = sorted(domain[httpx.URL(f["worker_url"]).host] for n, f in evidence.items()
+                            if n.startswith("replica-"))
+    assert replica_agents == ["gpu-1", "gpu-2"], replica_agents
+    synced = [f for n, f in evidence.items() if n.startswith("routers-generation-")]
+    assert synced and all({httpx.URL(url).host for url in f["served"]} == {hosts["edge-1"].address,
+                                                                          hosts["edge-2"].address} for f in synced)
+    # The stage windows read both routers' signed records from the sink.
+    notes = re.findall(r"records per router: ([^)]*)\)", json.dumps(evidence))
+    assert notes and all(re.fullmatch(r"edge-1 \d+, edge-2 \d+", note) for note in notes), (notes, sorted(evidence))
+
+    # revgate status from control: each router on the last generation, each agent with its ready replica.
+    assert status["problems"] == [] and status["generation"] == history[-1].generation, status
+    assert {r["generation"] for r in status["routers"]} == {history[-1].generation}, status["routers"]
+    ready = {w["url"].rstrip("/"): [p["endpoint"].rstrip("/") for p in w["replicas"]
+                                    if p["revision"] == final.stable.fingerprint and p["state"] == "ready"]
+             for w in status["workers"] if w["reachable"]}
+    assert ready == {plane.agents[name].rstrip("/"): [str(r["endpoint"]).rstrip("/") for r in placed[name]]
+                     for name in plane.agents}, status["workers"]
+    assert status["links"]["flow_run_id"] == regressed_run and status["links"]["decision"] == "rolled_back"
+
+    # The regression: rolled back by its slice gate; the improvement still serves on both agents.
+    assert regressed.data.tags["revgate.decision"] == "rolled_back", regressed.data.tags
+    assert re.search(r"quality-paired/reference/family=sort,length=long +fail", regressed_printed), (
+        regressed_printed[-3000:])
+    assert history[-1].stable == final.stable and history[-1].candidate is None and history[-1].shadow is None
+    assert regressed_evidence["decision"]["decision"] == "rolled_back"

@@ -165,3 +165,25 @@ def test_promotions_that_start_together_share_a_new_store(tmp_path: Path) -> Non
     assert [process.returncode for process in processes] == [0] * len(routes), printed
     ledger = EvidenceLedger(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "artifacts")
     assert {ledger.latest_run(route).data.tags["revgate.decision"] for route in routes} == {"promoted"}
+
+
+def test_evidence_written_through_a_tracking_server_is_kept_by_the_server_not_the_writer(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from revgate.flows.processes import mlflow_ui
+
+    kept = tmp_path / "ledger-host" / "artifacts"
+    writer = tmp_path / "controller" / "evidence"  # the flow's evidence_root, on the controller's own disk
+    with mlflow_ui(sqlite_uri(tmp_path / "ledger-host" / "mlflow.db"), tmp_path / "ledger-host" / "mlflow.log",
+                   artifacts=kept) as url:
+        ledger = EvidenceLedger(url, writer)
+        run = ledger.open_run("chat", "sha256:" + "2" * 64)
+        digest = ledger.log_document(run, "artifact-manifest", manifest())
+        ledger.close(run, "promoted")
+        # The experiment names the server's own artifact store, so any client of the server reads the files.
+        experiment = MlflowClient(url).get_experiment(run.experiment_id)
+        assert experiment.artifact_location.startswith("mlflow-artifacts:"), experiment.artifact_location
+        local = MlflowClient(url).download_artifacts(run.run_id, "evidence/artifact-manifest.json", str(tmp_path))
+        assert sha256_digest(Path(local).read_bytes()) == digest
+    assert [path.name for path in kept.rglob("artifact-manifest.json")] == ["artifact-manifest.json"]
+    assert not writer.exists() or not any(writer.rglob("*.json")), list(writer.rglob("*"))
