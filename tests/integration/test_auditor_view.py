@@ -113,20 +113,15 @@ def test_a_stages_figures_are_drawn_logged_and_audited(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_an_auditor_follows_the_version_description_to_the_readable_report(tmp_path: Path) -> None:
-    import sys
 
     from playwright.sync_api import expect
 
-    from revgate.flows.processes import service
-    from revgate.serving.worker.engine import free_port
+    from revgate.flows.processes import mlflow_ui
     from tests.integration.browser import browser_page, screenshot
 
     _, run_id, number = rollout_with_two_stages(tmp_path)
-    port = free_port()
-    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", sqlite_uri(tmp_path / "mlflow.db"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    with service(argv, f"http://127.0.0.1:{port}/health", tmp_path / "mlflow-server.log"), browser_page() as page:
-        page.goto(f"http://127.0.0.1:{port}/#/models/chat-model/versions/{number}")
+    with mlflow_ui(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "mlflow-server.log") as ui, browser_page() as page:
+        page.goto(f"{ui}/#/models/chat-model/versions/{number}")
         expect(page.get_by_text("Decision: promoted").first).to_be_visible(timeout=60_000)
         expect(page.get_by_text("dana").first).to_be_visible(timeout=60_000)
         screenshot(page, "mlflow-model-version.png", tmp_path)  # the auditor's starting point, for the docs

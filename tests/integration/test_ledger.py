@@ -118,17 +118,13 @@ def test_auditing_an_unknown_revision_says_where_it_looked(tmp_path: Path) -> No
 def test_an_auditor_follows_a_model_version_to_its_evidence_in_the_mlflow_ui(tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    from revgate.flows.processes import service
-    from revgate.serving.worker.engine import free_port
+    from revgate.flows.processes import mlflow_ui
 
     fingerprint = "sha256:" + "6" * 64
     promoted_run(tmp_path, fingerprint)
-    port = free_port()
-    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", sqlite_uri(tmp_path / "mlflow.db"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    with service(argv, f"http://127.0.0.1:{port}/health", tmp_path / "mlflow-server.log"), browser_page() as page:
+    with mlflow_ui(sqlite_uri(tmp_path / "mlflow.db"), tmp_path / "mlflow-server.log") as ui, browser_page() as page:
         # The registered version names the revision and links to the run that promoted it.
-        page.goto(f"http://127.0.0.1:{port}/#/models/chat-model/versions/1")
+        page.goto(f"{ui}/#/models/chat-model/versions/1")
         expect(page.get_by_text(fingerprint[:20]).first).to_be_visible(timeout=60_000)
         page.get_by_role("link", name=f"promote {fingerprint[7:19]}").click(timeout=60_000)
         page.get_by_role("tab", name="Artifacts").click(timeout=60_000)
