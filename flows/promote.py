@@ -11,7 +11,9 @@ decision recorded is what the route says.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -581,11 +583,51 @@ def hold_route_lock(spec: PromotionSpec) -> ExitStack:
     return lock
 
 
+LOCK_RELEASE_S = 10.0  # the longest a decision waits for Prefect to take the route's lock back
+
+
+def release_route_lock(lock: ExitStack, limit_s: float = LOCK_RELEASE_S) -> str:
+    """Give the route's lock back, waiting at most ``limit_s`` for Prefect; "" once released, else why not.
+
+    Prefect down or cut off must not hold back what follows a committed decision (the rollback
+    window, the old stable's drain, the evidence run's close): a lock that is not given back ends
+    with its lease, at most ``max(60, lease_seconds)`` later. Released twice, the second is a no-op.
+    """
+    failed: list[str] = []
+
+    def release() -> None:
+        try:
+            lock.close()
+        except Exception as error:  # whatever Prefect's client raised, the lease still ends
+            failed.append(f"{type(error).__name__}: {error}")
+
+    # In this context (Prefect's settings and run context live in context variables a new thread lacks).
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(release,), name="route-lock-release",
+                              daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        return f"Prefect did not answer within {limit_s:g} s"
+    return failed[0] if failed else ""
+
+
+def give_back_route_lock(spec: PromotionSpec, lock: ExitStack) -> None:
+    """:func:`release_route_lock`, warning when the lock stays held until its lease ends."""
+    why = release_route_lock(lock)
+    if why:
+        get_run_logger().warning("the route lock %s could not be given back (%s): it ends with its lease within "
+                                 "%d s; a new rollout of the route is refused until then", lock_name(spec.route),
+                                 why, max(60, spec.plan.lease_seconds))
+
+
 @flow(name="promote-revision", log_prints=True)
 def promote_revision(spec: PromotionSpec) -> str:
     """Promote ``spec.candidate_manifest`` on ``spec.route`` or roll it back; returns the decision."""
-    with hold_route_lock(spec) as lock:
+    lock = hold_route_lock(spec)
+    try:
         return Rollout(spec, lock).run()
+    finally:
+        give_back_route_lock(spec, lock)
 
 
 def replica_key(view: dict[str, Any]) -> steps.ReplicaKey:
@@ -690,7 +732,7 @@ class Rollout:
         self.retired = driver.retiring if driver.retiring is not None else \
             steps.replicas_serving(spec, driver.before.stable.endpoints)
         self._record_decision(run, "promoted")
-        self.lock.close()  # the window never holds the route against an operator's rollback
+        give_back_route_lock(spec, self.lock)  # the window never holds the route against an operator's rollback
         self._announce_window(run)
         self.windowing = True
         verdict = driver.watch_window(promoted_at)

@@ -42,3 +42,53 @@ def test_a_concurrent_rollout_is_refused_and_changes_nothing(prefect_api: str, t
     assert "already has a rollout in progress" in str(caught.value)
     assert [snap.generation for snap in store.history("locked")] == [1]
     assert not (tmp_path / "mlflow.db").exists()  # refused before any evidence run was opened
+
+
+def server_pids(port: int) -> list[int]:
+    """The processes whose command line is a server on ``port`` (the Prefect server and its workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and b"--port" in argv and str(port).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_a_prefect_that_stops_answering_or_goes_away_never_holds_a_decision_back(tmp_path: Path) -> None:
+    # The defect: right after a promotion's commit the flow gave the lock back with Prefect's client, in
+    # line; with Prefect down that raised (ConnectError), and the flow left the rollback window unrun.
+    import os
+    import signal
+    import time
+    from contextlib import ExitStack
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from revgate.flows.processes import prefect_server
+    from revgate.flows.promote import hold_route_lock, release_route_lock
+
+    server = ExitStack()
+    env = server.enter_context(prefect_server(tmp_path / "prefect"))
+    with server, temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        port = int(env["PREFECT_API_URL"].rsplit(":", 1)[1].split("/")[0])
+        pids = server_pids(port)
+        assert pids, "the Prefect server's process"
+        hung = hold_route_lock(spec(tmp_path, "hung"))
+        gone = hold_route_lock(spec(tmp_path, "gone"))
+        for pid in pids:  # accepts connections (the kernel's backlog) and answers nothing: a host cut off
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            why = release_route_lock(hung, limit_s=3)
+            assert time.monotonic() - began < 30 and why == "Prefect did not answer within 3 s", why
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        server.close()  # Prefect gone, this process still pointed at it: a refused connection is named, not raised
+        why = release_route_lock(gone, limit_s=30)
+        assert "Connect" in why, why
+        assert release_route_lock(gone, limit_s=3) == ""  # given back once: the second is a no-op
