@@ -66,7 +66,15 @@ from revgate.registry.route_store_s3 import ATTEMPTS, TIMEOUT_S  # noqa: E402
 from revgate.serving.worker.request import SignaturePolicySpec  # noqa: E402
 from tests.integration.hosts import HOST_NAMES, Host, Network, run_prefix, sweep_stale, why_unavailable  # noqa: E402
 from tests.integration.rollout_estate import OpenLoop, Sent, wait_until  # noqa: E402
-from tests.integration.test_hosts import ROUTE, S3_CREDENTIALS, Edge, Plane, edge_router, s3_server  # noqa: E402
+from tests.integration.test_hosts import (  # noqa: E402
+    ADMIN_TOKEN,
+    ROUTE,
+    S3_CREDENTIALS,
+    Edge,
+    Plane,
+    edge_router,
+    s3_server,
+)
 
 RESULTS = ROOT / "bench" / "results" / "faults.json"
 STABLE = "sha256:" + "5" * 64  # the stable revision, as the route names it
@@ -444,10 +452,9 @@ def main() -> int:
             plane.route_store.write(RouteSnapshot(route=ROUTE, generation=1, stable=plane.stable, created_by="bench",
                                                   created_at=datetime.now(UTC), reveal_revision=True))
             # The operator provisions one admin token for the route's routers; control holds a copy.
-            token = processes.token_file(network["edge-1"].folder / "admin-token")
-            shutil.copyfile(token, network["edge-2"].folder / "admin-token")
-            (network["edge-2"].folder / "admin-token").chmod(0o600)
-            edges = [stack.enter_context(edge_router(network[name], plane)) for name in ("edge-1", "edge-2")]
+            processes.token_file(network["control"].folder / ADMIN_TOKEN)  # edge_router provisions each edge's copy
+            edges = [stack.enter_context(edge_router(network[name], plane.routes, plane.records,
+                                                     control=network["control"])) for name in ("edge-1", "edge-2")]
             all_serve(edges, 1, 60)
             fleet = Fleet(network, plane, edges, args.rate, stack.enter_context(upstream(gpu1)))
             spec = controller_spec(plane, edges, network["control"])

@@ -41,13 +41,22 @@ os.chdir(ROOT)
 import boto3  # noqa: E402
 import httpx  # noqa: E402
 
+from revgate.flows import processes  # noqa: E402
 from revgate.flows.evidence import DEMAND_LAG_S, DEMAND_WINDOW_S, RecordSource  # noqa: E402
 from revgate.manifests.rollout import PostPromotionCheck  # noqa: E402
 from revgate.manifests.route import RevisionTarget, RouteSnapshot  # noqa: E402
 from revgate.promotion.window import WindowTally, tally, window_verdict  # noqa: E402
 from tests.integration.hosts import HOST_NAMES, Host, Network, run_prefix, sweep_stale, why_unavailable  # noqa: E402
 from tests.integration.rollout_estate import OpenLoop, wait_until  # noqa: E402
-from tests.integration.test_hosts import ROUTE, S3_CREDENTIALS, Edge, Plane, edge_router, s3_server  # noqa: E402
+from tests.integration.test_hosts import (  # noqa: E402
+    ADMIN_TOKEN,
+    ROUTE,
+    S3_CREDENTIALS,
+    Edge,
+    Plane,
+    edge_router,
+    s3_server,
+)
 
 RESULTS = ROOT / "bench" / "results" / "fleet.json"
 FINGERPRINT = "sha256:" + "5" * 64  # the upstream's revision, as the route names it
@@ -202,7 +211,9 @@ def main() -> int:
             plane = Plane(s3, f"s3://routes/fleet?endpoint_url={s3}", f"s3://records/fleet?endpoint_url={s3}",
                           RevisionTarget(fingerprint=FINGERPRINT, endpoints=(url,)))
             plane.route_store.write(snapshot(1, url))
-            edges = [stack.enter_context(edge_router(network[name], plane)) for name in ("edge-1", "edge-2")]
+            processes.token_file(control.folder / ADMIN_TOKEN)  # edge_router provisions each edge's copy
+            edges = [stack.enter_context(edge_router(network[name], plane.routes, plane.records, control=control))
+                     for name in ("edge-1", "edge-2")]
             wait_until(lambda: all(serving(edge) == 1 for edge in edges), 60, "both routers serving")
             commits = commit_to_all_routers(plane, edges, url, args.repeats)
             demand = demand_error(plane, edges, args.rate)

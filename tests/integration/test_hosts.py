@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -180,8 +180,8 @@ class Plane:
     routes: str  # the route store's URL
     records: str  # the record sink's URL
     stable: RevisionTarget
-    digests: dict[str, str]  # published revision name: manifest digest
-    agents: dict[str, str]  # gpu host name: its agent's URL
+    digests: dict[str, str] = field(default_factory=dict)  # published revision name: manifest digest
+    agents: dict[str, str] = field(default_factory=dict)  # gpu host name: its agent's URL
 
     @property
     def route_store(self) -> RouteStore:
