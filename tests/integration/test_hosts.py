@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from revgate.flows.demo import EXECUTION, demo_plan, demo_policy, signing_key
 from revgate.flows.spec import PromotionSpec
 from revgate.flows.steps import start_replica
 from revgate.manifests.revision import InterfacePolicy, ServiceRevision
-from revgate.manifests.rollout import RolloutPlan
+from revgate.manifests.rollout import Bake, RolloutPlan, SetWeight
 from revgate.manifests.route import RevisionTarget, RouteSnapshot, RouteStore
 from revgate.registry.build import build_manifest
 from revgate.registry.record_signing import load_public_key
@@ -225,7 +226,7 @@ def provision(host: Host, source: Path, relative: str) -> Path:
 # provisions a trust anchor at one path on each host; relative paths begin in each part's own folder.
 TRUST = "trust/publisher.pub"
 AGENT_TOKEN = "tokens/agents"  # the fleet's agent token: each agent's own copy, and control's
-ADMIN_TOKEN = "tokens/routers"  # the routers' admin token, likewise
+ADMIN_TOKEN = "tokens/edge-admin"  # the routers' admin token, likewise
 PUBLISHED = ("stable", "improved", "slice-regressed")
 
 
@@ -615,3 +616,127 @@ def test_promote_revision_across_hosts_promotes_an_improvement_and_rolls_a_regre
     assert all(s.stable == final.stable for s in during), during  # the improvement served throughout
     assert history[-1].stable == final.stable and history[-1].candidate is None and history[-1].shadow is None
     assert regressed_evidence["decision"]["decision"] == "rolled_back"
+
+
+# --- faults across hosts, with the real flow ------------------------------------------------------
+
+FAULTS = "faults"
+
+
+def clean_slate(plane: Plane, token: str) -> RevisionTarget:
+    """No replica on either agent but one ready replica of stable on ``gpu-1`` (started if none is); its target."""
+    gpu1 = WorkerClient(plane.agents["gpu-1"], token)
+    ready = [r for r in gpu1.replicas() if r["revision"] == plane.stable.fingerprint and r["state"] == "ready"]
+    for url in plane.agents.values():
+        agent = WorkerClient(url, token)
+        for replica in agent.replicas():
+            if replica["state"] in ("loading", "warming", "ready") and replica not in ready[:1]:
+                agent.drain(str(replica["replica_id"]), 5)
+    if ready:
+        view = ready[0]
+    else:
+        revision = ServiceRevision(name="stable", artifact=open_store("s3://artifacts/zoo", endpoint_url=plane.s3)
+                                   .get_manifest(plane.digests["stable"]), runtime=engine_runtime(Path(".venv-engine")),
+                                   execution=EXECUTION, interface=InterfacePolicy())
+        view = start_replica(gpu1, ReplicaRequest(revision=revision, store="s3://artifacts/zoo",
+                                                  signature_policy=SignaturePolicySpec(kind="key", public_key=TRUST),
+                                                  warm=WARM))
+    for url in plane.agents.values():
+        agent = WorkerClient(url, token)
+        wait_until(lambda agent=agent: all(r["state"] not in ("draining", "loading", "warming")
+                                           for r in agent.replicas()), 120, f"{url} settled")
+    return RevisionTarget(fingerprint=plane.stable.fingerprint, endpoints=(str(view["endpoint"]),),
+                          served_model=str(view["served_model"]))
+
+
+def failed_after(loop: OpenLoop, moment: float) -> list[Sent]:
+    """Requests sent after ``moment`` (epoch seconds) that got no 200."""
+    return [item for item in loop.failed() if item.sent_s > moment]
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(1800)
+def test_a_gpu_host_killed_mid_canary_costs_no_request_and_the_last_candidate_replica_killed_rolls_back(
+    hosts: Network, plane: Plane, services: Services, tmp_path: Path
+) -> None:
+    control, gpu2 = hosts["control"], hosts["gpu-2"]
+    routes, records = f"s3://routes/{FAULTS}?endpoint_url={plane.s3}", f"s3://records/{FAULTS}?endpoint_url={plane.s3}"
+    token = (control.folder / AGENT_TOKEN).read_text().strip()
+    (control.folder / "trace.jsonl").touch()
+    with control.network():
+        stable = clean_slate(plane, token)
+        open_route_store(routes).write(RouteSnapshot(route=FAULTS, generation=1, stable=stable, created_by="seed",
+                                                     created_at=datetime.now(UTC), reveal_revision=True))
+        with edge_router(hosts["edge-1"], routes, records, FAULTS, control=control) as one, \
+                edge_router(hosts["edge-2"], routes, records, FAULTS, control=control) as two:
+            plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=20,
+                                     lease_renew_seconds=1, rollback_window_seconds=0, candidate_replicas=2,
+                                     replica_capacity_rps=Decimal("10"))
+            spec = PromotionSpec(
+                route=FAULTS, candidate_manifest=plane.digests["improved"], candidate_name="improved",
+                artifact_store="s3://artifacts/zoo", route_store=routes,
+                signature=SignaturePolicySpec(kind="key", public_key=TRUST), execution=EXECUTION, warm=WARM,
+                gate_policy=demo_policy(), plan=plan, worker_url=plane.agents["gpu-1"],
+                more_workers=(plane.agents["gpu-2"],), worker_token_file=AGENT_TOKEN, router_url=one.public,
+                router_admin_url=one.admin, more_routers=(two.admin,), router_sync_s=60,
+                router_admin_token_file=ADMIN_TOKEN, records_sink=records,
+                record_signers={edge.name: edge.signer for edge in (one, two)}, trace="trace.jsonl",
+                tracking_uri=services.tracking, evidence_root="evidence", approval="auto")
+            (control.folder / "faults.json").write_text(spec.model_dump_json(indent=1))
+            env = control_env(control, plane, services)
+            users = {edge.name: OpenLoop(edge.public, rate=2.0) for edge in (one, two)}
+            with users[one.name].running(), users[two.name].running(), \
+                    (control.folder / "faults.out").open("w") as out:
+                flow = control.popen([sys.executable, "-m", "revgate.cli.main", "promote", "faults.json"], env=env,
+                                     stdout=out, stderr=subprocess.STDOUT)
+                try:
+                    def canary() -> RouteSnapshot | None:
+                        now = open_route_store(routes).read(FAULTS)
+                        return now if now is not None and now.candidate is not None and len(
+                            now.candidate.endpoints) == 2 else None
+
+                    at_half = wait_until(canary, 900, "the canary at 50% on both agents")
+                    assert at_half.candidate is not None
+                    candidate = at_half.candidate.fingerprint
+                    wait_until(lambda: all(len(loop.served_by(candidate)) >= 3 for loop in users.values()), 120,
+                               "the candidate serving through both edges")
+                    # Every process on gpu-2 killed: its agent, its engines, its replica proxies.
+                    for pid in gpu2.pids():
+                        os.kill(pid, signal.SIGKILL)
+                    killed_host = time.time()
+                    wait_until(lambda: not gpu2.pids(), 30, "nothing left running on gpu-2")
+                    settled = killed_host + 1.0
+                    wait_until(lambda: all(len(loop.served_by(candidate, after_s=settled + 5)) >= 3
+                                           for loop in users.values()), 120,
+                               "the candidate's replica on gpu-1 still serving through both edges")
+                    # Then the candidate's last replica, on gpu-1: its engine killed.
+                    survivor = next(r for r in WorkerClient(plane.agents["gpu-1"], token).replicas()
+                                    if r["revision"] == candidate and r["state"] == "ready")
+                    os.kill(int(survivor["pid"]), signal.SIGKILL)
+                    killed_last = time.time()
+                    assert flow.wait(300) == 3, (control.folder / "faults.out").read_text()[-3000:]
+                    back = open_route_store(routes).read(FAULTS)
+                    assert back is not None and back.candidate is None and back.stable == stable
+                    wait_until(lambda: all(loop.sent[-1].status == 200 and loop.sent[-1].sent_s > killed_last + 3
+                                           for loop in users.values()), 60, "users answered after the rollback")
+                finally:
+                    if flow.poll() is None:
+                        flow.kill()
+                    flow.wait(30)
+            history = list(open_route_store(routes).history(FAULTS))
+
+    counts = {name: {"sent": len(loop.sent), "failed": len(loop.failed()),
+                     "failed_1s_after_gpu2": len(failed_after(loop, settled)),
+                     "failed_1s_after_last": len(failed_after(loop, killed_last + 1.0)),
+                     "off_route": len(loop.off_route(history))} for name, loop in users.items()}
+    print("users per router:", counts)
+    # No new request failed once a second had passed after the host died, nor after the last replica died.
+    assert all(c["failed_1s_after_gpu2"] == 0 and c["off_route"] == 0 for c in counts.values()), counts
+    # After the last replica's death, new requests went to stable within a second.
+    assert all(loop.served_by(candidate, after_s=killed_last + 1.0) == [] for loop in users.values())
+    run = MlflowClient(services.tracking).search_runs(
+        [MlflowClient(services.tracking).get_experiment_by_name(f"revgate/{FAULTS}").experiment_id])[0]
+    assert run.data.tags["revgate.decision"] == "rolled_back", run.data.tags
+    assert "candidate replica" in run.data.tags["revgate.step.stopped"], run.data.tags
+    assert "ready" in [r["state"] for r in WorkerClient(plane.agents["gpu-1"], token).replicas()
+                       if r["revision"] == stable.fingerprint]  # stable never stopped being ready
