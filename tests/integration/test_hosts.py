@@ -230,6 +230,18 @@ ADMIN_TOKEN = "tokens/edge-admin"  # the routers' admin token, likewise
 PUBLISHED = ("stable", "improved", "slice-regressed")
 
 
+def start_stable(agent: WorkerClient, s3: str, digest: str) -> RevisionTarget:
+    """A new replica of the published stable revision on ``agent``, loaded from the store's S3; its route target."""
+    revision = ServiceRevision(name="stable", artifact=open_store("s3://artifacts/zoo", endpoint_url=s3)
+                               .get_manifest(digest), runtime=engine_runtime(Path(".venv-engine")),
+                               execution=EXECUTION, interface=InterfacePolicy())
+    view = start_replica(agent, ReplicaRequest(revision=revision, store="s3://artifacts/zoo",
+                                               signature_policy=SignaturePolicySpec(kind="key", public_key=TRUST),
+                                               warm=WARM))
+    return RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view["endpoint"]),),
+                          served_model=str(view["served_model"]))
+
+
 @pytest.fixture(scope="module")
 def plane(hosts: Network, zoo_dir: Path) -> Iterator[Plane]:
     """S3 on ``store`` with the zoo's revisions; a worker agent on ``gpu-1`` and on ``gpu-2``, each loading
@@ -255,14 +267,7 @@ def plane(hosts: Network, zoo_dir: Path) -> Iterator[Plane]:
                 token = provision(gpu, held, AGENT_TOKEN)
                 at = gpu.placement(**S3_CREDENTIALS, AWS_ENDPOINT_URL=s3)
                 agents[name] = stack.enter_context(processes.worker_agent(gpu.folder / "worker", token, at=at))
-            revision = ServiceRevision(name="stable", artifact=open_store("s3://artifacts/zoo", endpoint_url=s3)
-                                       .get_manifest(digests["stable"]), runtime=engine_runtime(Path(".venv-engine")),
-                                       execution=EXECUTION, interface=InterfacePolicy())
-            view = start_replica(WorkerClient(agents["gpu-1"], held.read_text().strip()), ReplicaRequest(
-                revision=revision, store="s3://artifacts/zoo",
-                signature_policy=SignaturePolicySpec(kind="key", public_key=TRUST), warm=WARM))
-        stable = RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view["endpoint"]),),
-                                served_model=str(view["served_model"]))
+            stable = start_stable(WorkerClient(agents["gpu-1"], held.read_text().strip()), s3, digests["stable"])
         assert stable.endpoints[0].startswith(f"http://{hosts['gpu-1'].address}:"), stable  # on gpu-1's address
         yield Plane(s3, f"s3://routes/live?endpoint_url={s3}", f"s3://records/live?endpoint_url={s3}", stable,
                     digests, agents)
@@ -462,17 +467,19 @@ def promote_on_control(control: Host, env: dict[str, str], candidate: str, servi
         submitted = wait_until(lambda: SUBMITTED.search(output.read_text(errors="replace")), 120,
                                "the run submitted to the deployment")
         flow_run_id = submitted.group(1)
-        approved = approver_key is None
         deadline = time.monotonic() + RUN_S
-        while command.poll() is None:
-            assert time.monotonic() < deadline, f"still running after {RUN_S} s:\n{output.read_text()[-4000:]}"
-            if not approved and run_state(services, flow_run_id) == "PAUSED":
+        if approver_key is not None:
+            wait_until(lambda: command.poll() is not None or run_state(services, flow_run_id) == "PAUSED", RUN_S,
+                       "the run paused for approval", every_s=1)
+            if command.poll() is None:
                 answer = control.run([sys.executable, "-m", "revgate.cli.main", "approve", flow_run_id,
                                       "--key", str(approver_key), "--as", APPROVER, "--comment", "evidence read"],
                                      env=env, timeout=120)
                 assert answer.returncode == 0, answer.stdout + answer.stderr
-                approved = True
-            time.sleep(1)
+        try:
+            command.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {RUN_S} s:\n{output.read_text()[-4000:]}") from None
     finally:
         if command.poll() is None:
             command.kill()
@@ -631,27 +638,19 @@ FAULTS = "faults"
 def clean_slate(plane: Plane, token: str) -> RevisionTarget:
     """No replica on either agent but one ready replica of stable on ``gpu-1`` (started if none is); its target."""
     gpu1 = WorkerClient(plane.agents["gpu-1"], token)
-    ready = [r for r in gpu1.replicas() if r["revision"] == plane.stable.fingerprint and r["state"] == "ready"]
+    kept = next((r for r in gpu1.replicas() if r["revision"] == plane.stable.fingerprint and r["state"] == "ready"),
+                None)
     for url in plane.agents.values():
         agent = WorkerClient(url, token)
         for replica in agent.replicas():
-            if replica["state"] in ("loading", "warming", "ready") and replica not in ready[:1]:
+            if replica["state"] in ("loading", "warming", "ready") and replica != kept:
                 agent.drain(str(replica["replica_id"]), 5)
-    if ready:
-        view = ready[0]
-    else:
-        revision = ServiceRevision(name="stable", artifact=open_store("s3://artifacts/zoo", endpoint_url=plane.s3)
-                                   .get_manifest(plane.digests["stable"]), runtime=engine_runtime(Path(".venv-engine")),
-                                   execution=EXECUTION, interface=InterfacePolicy())
-        view = start_replica(gpu1, ReplicaRequest(revision=revision, store="s3://artifacts/zoo",
-                                                  signature_policy=SignaturePolicySpec(kind="key", public_key=TRUST),
-                                                  warm=WARM))
-    for url in plane.agents.values():
-        agent = WorkerClient(url, token)
-        wait_until(lambda agent=agent: all(r["state"] not in ("draining", "loading", "warming")
-                                           for r in agent.replicas()), 120, f"{url} settled")
-    return RevisionTarget(fingerprint=plane.stable.fingerprint, endpoints=(str(view["endpoint"]),),
-                          served_model=str(view["served_model"]))
+        wait_until(lambda agent=agent: all(r["state"] != "draining" for r in agent.replicas()), 120,
+                   f"{url}'s replicas drained")
+    if kept is None:
+        return start_stable(gpu1, plane.s3, plane.digests["stable"])
+    return RevisionTarget(fingerprint=plane.stable.fingerprint, endpoints=(str(kept["endpoint"]),),
+                          served_model=str(kept["served_model"]))
 
 
 def failed_after(loop: OpenLoop, moment: float) -> list[Sent]:
