@@ -22,6 +22,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A failure is printed the moment it happens (its last lines, with its time), not only in the summary at the
+    end: a run cut off by its job's time limit still shows what failed, and why."""
+    report: pytest.TestReport = yield
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if report.failed and reporter is not None:
+        reporter.write_line("")
+        reporter.write_line(f"FAILED {report.nodeid} ({report.when}, after {report.duration:.0f} s):", red=True)
+        for line in str(report.longrepr).splitlines()[-40:]:
+            reporter.write_line(f"    {line}")
+    return report
+
+
 def wait_for_port(port: int, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
     """Block until something accepts connections on ``port``, or fail with the reason."""
     deadline = time.monotonic() + timeout

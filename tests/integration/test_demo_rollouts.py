@@ -55,8 +55,13 @@ def test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate(session: Demo
     assert history[-1].candidate is None and history[-1].shadow is None
     name, report = last_report(client, tmp_path)
     failed = {gate["gate"] for gate in report["gates"] if gate["outcome"] == "fail"}
+    # Stopped as futile: passing by the horizon was out of reach, so more samples could only fail it. On a
+    # busy machine the wider spread can keep a 1.75x slower E2E short of the fail boundary at its early
+    # looks while passing is already out of reach; either way a timing gate is what rolled it back.
+    futile = {gate["gate"] for gate in report["gates"]
+              if gate["outcome"] == "inconclusive" and gate["reason"].startswith("futile")}
     timing = {"latency-ttft", "latency-e2e", "slo-*"}  # the canary's latency and SLO gates
-    assert report["outcome"] == "fail" and failed & timing, (name, report["gates"])
+    assert report["outcome"] in ("fail", "inconclusive") and (failed | futile) & timing, (name, report["gates"])
     assert not failed - timing, failed  # the same answers: no quality or error gate may fail it
     counts = evidence_counts(report)  # mirrored users' copies may be dropped: the slow shadow cannot take them all
     assert counts["stable_users"] + counts["stable_probes"] > 0, counts

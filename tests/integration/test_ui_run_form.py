@@ -6,7 +6,7 @@ Resume form a name not on the plan's allow-list approves nothing: the run stays 
 and the canary stays where it was. A listed name approves, and the run goes on to promotion.
 
 With ``REVGATE_DOCS_SCREENSHOTS=docs/img`` it retakes the docs' screenshot of the finished run's page
-(the approval form's, with a gate report above it, comes from test_demo_approval_ui.py).
+(the approval form's, with a gate report above it, comes from test_promotion_demo.py).
 """
 
 from __future__ import annotations

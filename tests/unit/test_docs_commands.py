@@ -66,6 +66,8 @@ GUIDE = f"{ENGINEER}::test_the_engineer_guide_publishes_a_revision_as_shown"
 FOLLOW = f"{ENGINEER}::test_the_engineer_guide_follows_and_rolls_back_a_canary_as_shown"
 DEPLOYMENTS = "tests/integration/test_deployments.py"
 DEMO = "tests/integration/test_promotion_demo.py"
+# `revgate demo` as typed: approved on the Prefect UI's Resume form, promoted, up for its tour until Ctrl-C.
+DEMO_UP = f"{DEMO}::test_an_improved_revision_approved_on_the_resume_form_is_promoted_and_the_demo_stays_up"
 # The demo's other candidates: the same session set-up and rollout `revgate demo` runs (demo_session,
 # DemoSession.rollout), one shared session for all of them.
 DEMO_ROLLOUTS = "tests/integration/test_demo_rollouts.py"
@@ -80,19 +82,18 @@ LIGHT_HOSTS = (f"{PACKAGING}::test_a_router_and_a_worker_agent_serve_from_their_
 # Command text (as shown, continuation lines joined, comment dropped) -> the tests that run it.
 RUN_BY: dict[str, tuple[str, ...] | DocumentedOnly] = {
     # README.md, docs/quickstart.md
-    "make demo": (f"{DEMO}::test_an_improved_revision_is_promoted_through_every_stage_and_the_demo_stays_up", MAKE),
+    "make demo": (DEMO_UP, MAKE),
     "make test": DocumentedOnly("runs the whole suite, this test among them; CI runs it. The target is checked by "
                                 "test_the_make_targets_the_docs_name_exist_and_run_revgate"),
     "git clone <this repository> revgate && cd revgate": DocumentedOnly(
         "a fresh clone of the repository from its host; the tests run in a checkout"),
     ".venv/bin/revgate demo --exit": (
-        f"{DEMO}::test_an_improved_revision_is_promoted_through_every_stage_and_the_demo_stays_up",),
+        DEMO_UP, f"{DEMO_ROLLOUTS}::test_a_revision_identical_to_stable_is_promoted_by_the_demos_plan"),
     ".venv/bin/revgate demo --candidate slice-regressed --exit": (
         f"{DEMO_ROLLOUTS}::test_a_slice_regression_is_caught_and_rolled_back",),
     ".venv/bin/revgate demo --candidate slow --exit": (
         f"{DEMO_ROLLOUTS}::test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate",),
-    ".venv/bin/revgate demo --approval ui": (
-        "tests/integration/test_demo_approval_ui.py::test_the_demo_asks_on_the_resume_form_with_the_gate_report_above",),
+    ".venv/bin/revgate demo --approval ui": (DEMO_UP,),
     # docs/artifacts.md (synopsis)
     "revgate manifest build DIR -o manifest.json [--base sha256:...]": (
         f"{ARTIFACTS}::test_build_sign_verify_with_key",
