@@ -16,8 +16,9 @@ zoo: setup
 demo: setup
 	$(PY) -m revgate.cli.main demo
 
+# Every test: the reference zoo trains beside the unit tests, then the integration tests run alone.
 test: setup
-	$(PY) -m pytest -q tests
+	bash .ci/test
 
 test-fast: setup
 	$(PY) -m pytest -q tests/unit -m "not lint"

@@ -435,7 +435,12 @@ def test_the_make_targets_the_docs_name_exist_and_run_revgate() -> None:
     named = {c.text.split()[1] for c in shown_commands() if c.text.startswith("make ")}
     assert named <= set(targets), f"make targets the docs show that the Makefile lacks: {named - set(targets)}"
     assert targets["demo"] == ["$(PY) -m revgate.cli.main demo"]  # `make demo` is `revgate demo` after setup
-    assert targets["test"] == ["$(PY) -m pytest -q tests"]
+    assert targets["test"] == ["bash .ci/test"]
+    # `make test` runs every test under tests/: the unit tests, then the integration tests.
+    script = (ROOT / ".ci" / "test").read_text(encoding="utf-8")
+    assert '"$PY" -m pytest -q tests/unit\n' in script and '"$PY" -m pytest -q tests/integration\n' in script
+    assert {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"} <= {
+        "unit", "integration", "data"}, "a test folder `make test` does not run"
 
 
 def test_the_revgate_program_the_docs_run_is_this_parser() -> None:
