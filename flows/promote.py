@@ -723,7 +723,9 @@ class Rollout:
                                          domains=steps.failure_domains(views), outbox=self.outbox)
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
                                    period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
-                                   watches=[partial(steps.replica_fault, spec, replica_key(v)) for v in views])
+                                   watches=[steps.CandidateWatch([replica_key(v) for v in views],
+                                                                 silence_s=float(spec.plan.lease_seconds),
+                                                                 ask=partial(steps.replica_view, spec))])
         self.heartbeat.__enter__()
         self._register_candidate(run, driver)
         if driver.run_plan().status != "promoted":

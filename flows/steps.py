@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -341,21 +341,53 @@ def drain_replica(spec: PromotionSpec, key: ReplicaKey, grace_s: float = 30) -> 
     return True
 
 
-def replica_fault(spec: PromotionSpec, key: ReplicaKey) -> str | None:
-    """Why one of the rollout's candidate replicas can no longer serve (failed, terminated), or None while ready.
+WATCH_ASK_S = 5.0  # the longest one look at one agent may take: a host cut off must not hold the heartbeat
 
-    A worker that cannot be asked is no verdict: the next look asks again.
-    """
+
+def replica_view(spec: PromotionSpec, key: ReplicaKey) -> dict[str, Any]:
+    """One candidate replica as its agent reports it, asked within :data:`WATCH_ASK_S` (raises when it cannot be)."""
     worker_url, replica_id = key
-    try:
-        view = worker(spec, worker_url).replica(replica_id)
-    except (OSError, RevgateError):
-        return None
-    if view.get("state") in ("ready",):
-        return None
-    failure = view.get("failure") or {}
-    where = f" on {worker_url}" if worker_url != spec.worker_url.rstrip("/") else ""
-    return f"candidate replica {replica_id}{where} is {view.get('state')}: {failure.get('message', '')}".strip(": ")
+    token = Path(spec.worker_token_file).read_text(encoding="utf-8").strip()
+    return WorkerClient(worker_url, token, timeout_s=min(WATCH_ASK_S, spec.plan.renew_every_s)).replica(replica_id)
+
+
+class CandidateWatch:
+    """Whether the rollout's candidate replicas can still serve, asked of their agents once per heartbeat.
+
+    A replica its agent reports failed or terminated stops the rollout at once. An agent that cannot be
+    asked (its host down or cut off) is no verdict on its own: the candidate may still serve through the
+    others. But once no candidate replica has been confirmed ready for ``silence_s`` (every agent that
+    holds one silent, or its replicas gone), the rollout stops too: a candidate nobody can see serving
+    is not one to promote, and its traffic has been going to stable since the routers ejected it.
+    """
+
+    def __init__(self, keys: Iterable[ReplicaKey], silence_s: float, ask: Callable[[ReplicaKey], dict[str, Any]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.keys, self.silence_s, self.ask, self.clock = tuple(keys), silence_s, ask, clock
+        self.confirmed_at = clock()  # loaded and warmed just now
+
+    def __call__(self) -> str | None:
+        now, silent, confirmed = self.clock(), [], False
+        for worker_url, replica_id in self.keys:
+            try:
+                view = self.ask((worker_url, replica_id))
+            except (OSError, RevgateError):
+                silent.append(worker_url)
+                continue
+            if view.get("state") == "ready":
+                confirmed = True
+                continue
+            failure = view.get("failure") or {}
+            return f"candidate replica {replica_id} on {worker_url} is {view.get('state')}: " \
+                   f"{failure.get('message', '')}".strip(": ")
+        if confirmed:
+            self.confirmed_at = now
+            return None
+        unseen_s = now - self.confirmed_at
+        if unseen_s < self.silence_s:
+            return None
+        return (f"no candidate replica confirmed ready for {unseen_s:.0f} s (limit {self.silence_s:.0f} s): "
+                f"{', '.join(sorted(set(silent)))} did not answer")
 
 
 def replicas_in_flight(spec: PromotionSpec, endpoints: tuple[str, ...]) -> dict[str, int | None]:
