@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +100,6 @@ def run_evidence(args: argparse.Namespace) -> int:
     not verify, or a release decision is not signed, not what the run holds, or not in the route's history."""
     from revgate.registry.audit import anchor_in_history, audit_json, render
     from revgate.registry.ledger import EvidenceLedger
-
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per document otherwise
 
     trusted = trusted_keys(args.approver_key, args.site)  # a bad key file is refused before anything is read
     given = read_public_key(args.controller_key, "--controller-key") if args.controller_key else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; exit code 0 only on success, 2 on a revgate error with its explanation."""
     args = build_parser().parse_args(argv)
+    # MLflow draws a progress bar per evidence download: `revgate promote`'s live view and `revgate status`
+    # read the gate reports every few seconds, and each read would print one.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         result: int = args.func(args)
     except ModuleNotFoundError as missing:

@@ -145,7 +145,7 @@ def test_slow_revision_fails_on_slo_and_latency(
 ) -> None:
     # Fixed-length answers (16 tokens, EOS ignored) so every request has a TPOT; 3 req/s leaves CPU spare.
     fixed = {"max_tokens": 16, "ignore_eos": True}
-    trace = [replace(e, body=e.body | fixed) for e in generate_trace(120, 3.0, seed=11)]
+    trace = [replace(e, body=e.body | fixed) for e in generate_trace(80, 3.0, seed=11)]  # 80 per arm: 2.3x is plain
     stable, slow = alternating_replay(trace, vllm_stable.url, vllm_slow.url)
     for records in (stable, slow):
         ok = [r for r in records if r.outcome == "ok"]
