@@ -548,6 +548,7 @@ def test_promote_revision_across_hosts_promotes_an_improvement_every_part_on_its
             with prefect_worker(control, env), users[one.name].running(), users[two.name].running():
                 code, printed, promoted_run = promote_on_control(control, env, "improved", services, approver_key)
                 assert code == 0 and printed.rstrip().endswith("decision: promoted"), printed[-4000:]
+                assert "Downloading artifacts" not in printed  # the live view reads the reports without a bar each
                 # `revgate promote` returns at the decision; the run goes on: the window, the drain, the close.
                 wait_until(lambda: run_state(services, promoted_run) in ("COMPLETED", "FAILED", "CRASHED"), 600,
                            "the run's end after its rollback window", every_s=1)
