@@ -141,9 +141,10 @@ def other_routes(spec: PromotionSpec) -> list[RouteSnapshot] | None:
     return [snapshot for snapshot in snapshots if snapshot is not None]
 
 
-def worker(spec: PromotionSpec, url: str | None = None) -> WorkerClient:
+def worker(spec: PromotionSpec, url: str | None = None, timeout_s: float = 30.0) -> WorkerClient:
     """A client for one worker agent of the fleet (default: the spec's first)."""
-    return WorkerClient(url or spec.worker_url, Path(spec.worker_token_file).read_text(encoding="utf-8").strip())
+    return WorkerClient(url or spec.worker_url, Path(spec.worker_token_file).read_text(encoding="utf-8").strip(),
+                        timeout_s=timeout_s)
 
 
 def fleet(spec: PromotionSpec) -> list[WorkerClient]:
@@ -347,8 +348,7 @@ WATCH_ASK_S = 5.0  # the longest one look at one agent may take: a host cut off 
 def replica_view(spec: PromotionSpec, key: ReplicaKey) -> dict[str, Any]:
     """One candidate replica as its agent reports it, asked within :data:`WATCH_ASK_S` (raises when it cannot be)."""
     worker_url, replica_id = key
-    token = Path(spec.worker_token_file).read_text(encoding="utf-8").strip()
-    return WorkerClient(worker_url, token, timeout_s=min(WATCH_ASK_S, spec.plan.renew_every_s)).replica(replica_id)
+    return worker(spec, worker_url, timeout_s=min(WATCH_ASK_S, spec.plan.renew_every_s)).replica(replica_id)
 
 
 class CandidateWatch:

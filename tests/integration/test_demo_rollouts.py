@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from revgate.evaluation.gates import FUTILE
 from revgate.flows.demo import ROUTE, DemoSession, demo_session
 from revgate.manifests.route import RouteSnapshot
 from revgate.registry.route_store import open_route_store
@@ -59,7 +60,7 @@ def test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate(session: Demo
     # busy machine the wider spread can keep a 1.75x slower E2E short of the fail boundary at its early
     # looks while passing is already out of reach; either way a timing gate is what rolled it back.
     futile = {gate["gate"] for gate in report["gates"]
-              if gate["outcome"] == "inconclusive" and gate["reason"].startswith("futile")}
+              if gate["outcome"] == "inconclusive" and gate["reason"].startswith(FUTILE)}
     timing = {"latency-ttft", "latency-e2e", "slo-*"}  # the canary's latency and SLO gates
     assert report["outcome"] in ("fail", "inconclusive") and (failed | futile) & timing, (name, report["gates"])
     assert not failed - timing, failed  # the same answers: no quality or error gate may fail it
