@@ -18,16 +18,20 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 from uuid import UUID
 
 import httpx
 from prefect import get_run_logger
+from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.input.run_input import keyset_from_paused_state
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from revgate.flows.outage import asking_once, prefect_unreachable
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.rollout import ApprovalStatement, RolloutPlan
 from revgate.promotion.approval import (
@@ -98,11 +102,11 @@ def ask(
     header = f"## {question}\n\n{allow_list_line(plan.approvers)}{signed_line(plan)}"
     prompt = f"{header}\n\n{markdown}"
     form_shown = FormShown(route, flow_run.get_id() or "", shown)
-    while (left := deadline - time.monotonic()) > 0:
+    while deadline - time.monotonic() > 0:
         form = (SignedApproval.with_initial_data(description=prompt, evidence_digest=shown, approve=False, route=route)
                 if plan.signed_approval else
                 Approval.with_initial_data(description=prompt, evidence_digest=shown, approve=False))
-        given = pause_flow_run(wait_for_input=form, timeout=max(1, round(left)), poll_interval=2)
+        given = paused_for(form, deadline)
         if given is None:
             break
         signature = check_signature(given, plan) if isinstance(given, SignedApproval) else None
@@ -115,6 +119,59 @@ def ask(
                                  given.approver, verdict.why)
         prompt = retry_prompt(verdict, header, markdown)
     return ApprovalGiven(False, shown, by="timeout")
+
+
+PAUSE_POLL_S = 2  # how often a paused run asks Prefect whether it was resumed (and, in an outage, whether it is back)
+
+
+def paused_for(form: type[Approval], deadline: float) -> Approval | None:
+    """The run paused with ``form`` until it is answered (the answer) or ``deadline`` (None), through Prefect API
+    outages: the pause goes on where Prefect left it once the API answers again (or is asked again if it never
+    reached Prefect). Meanwhile the heartbeat renews the leases; the candidate stays watched."""
+    while (left := deadline - time.monotonic()) > 0:
+        asked_at = datetime.now(UTC) - timedelta(seconds=1)  # Prefect's clock is this host's, within a second
+        try:
+            answered: Approval | None = pause_flow_run(wait_for_input=form, timeout=max(1, round(left)),
+                                                       poll_interval=PAUSE_POLL_S)
+            return answered
+        except FlowPauseTimeout:
+            return None
+        except Exception as error:
+            if not prefect_unreachable(error):
+                raise
+            get_run_logger().warning("the Prefect API is away during the approval pause (%s: %s): the leases are "
+                                     "renewed meanwhile; waiting for it until the pause's timeout",
+                                     type(error).__name__, error)
+        outcome = after_outage(form, asked_at, deadline)
+        if not isinstance(outcome, Repause):
+            return outcome
+    return None
+
+
+class Repause:
+    """The pause never reached Prefect: ask for it again."""
+
+
+def after_outage(form: type[Approval], asked_at: datetime, deadline: float) -> Approval | Repause | None:
+    """Once Prefect answers again: the answer given in the pause begun at ``asked_at`` (if the run was resumed),
+    after waiting while it is still paused; Repause when no such pause is on record; None at ``deadline``."""
+    run_id = UUID(flow_run.get_id() or "")
+    while time.monotonic() < deadline:
+        try:
+            with asking_once() as client:
+                run = client.read_flow_run(run_id)
+                pauses = [state for state in client.read_flow_run_states(run_id)
+                          if state.is_paused() and state.timestamp >= asked_at]
+                if not pauses:
+                    return Repause()
+                if run.state is not None and run.state.is_running():
+                    get_run_logger().info("the Prefect API is back: the approval pause was answered")
+                    return cast(Approval, form.load(keyset_from_paused_state(pauses[-1]), flow_run_id=run_id))
+        except Exception as error:
+            if not prefect_unreachable(error):
+                raise
+        time.sleep(PAUSE_POLL_S)
+    return None
 
 
 def signed_line(plan: RolloutPlan) -> str:

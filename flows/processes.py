@@ -112,14 +112,17 @@ def basic_auth_file(path: Path, user: str = "revgate") -> str:
 
 
 @contextmanager
-def prefect_server(home: Path, auth_file: Path | None = None, *, at: Placement = LOCAL) -> Iterator[dict[str, str]]:
-    """A ``prefect server start`` on a free port; yields the environment that points at it.
+def prefect_server(home: Path, auth_file: Path | None = None, *, at: Placement = LOCAL,
+                   port: int | None = None) -> Iterator[dict[str, str]]:
+    """A ``prefect server start`` on ``port`` (a free one by default); yields the environment that points at it.
+
+    Started again on the same ``home`` and ``port``, it is the same server back: its database lives in ``home``.
 
     With ``auth_file`` the server asks every API call and the UI for the basic-auth string kept
     there (``PREFECT_SERVER_API_AUTH_STRING``), and the environment yielded carries it for clients
     (``PREFECT_API_AUTH_STRING``): start every Prefect client with that environment.
     """
-    port = free_port()
+    port = port or free_port()
     env = prefect_env(home, port, at.host)
     server_env = dict(env)
     if auth_file is not None:

@@ -569,12 +569,18 @@ def hold_route_lock(spec: PromotionSpec) -> ExitStack:
     """Take the route's one-slot lock; RolloutInProgress when another rollout holds it (and only then).
 
     The lock's lease outlives a killed controller by at most the rollout's lease (Prefect's floor is 60 s).
+    A renewal that fails (the Prefect API away for longer than Prefect's three tries) does not stop the
+    rollout: Prefect would cancel the flow's main thread at whatever step it is in, the approval pause
+    included, with no decision. The lock only keeps a second rollout from starting; the route's fence is
+    what keeps two from writing: a rollout started once the lapsed lock was free again writes the route,
+    and this one reads that as a takeover (a decision, in its evidence). Prefect logs the lapse.
     """
     ensure_route_lock(spec.route)
     lock = ExitStack()
     try:
         lock.enter_context(concurrency(lock_name(spec.route), occupy=1, strict=True, timeout_seconds=5,
-                                       lease_duration=max(60, spec.plan.lease_seconds)))
+                                       lease_duration=max(60, spec.plan.lease_seconds),
+                                       raise_on_lease_renewal_failure=False))
     except TimeoutError:  # raised here only by the slot acquisition
         raise RolloutInProgress(
             f"route {spec.route!r} already has a rollout in progress", where=lock_name(spec.route),

@@ -24,6 +24,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from revgate.flows.deployment import DECISION, REFUSED
+from revgate.flows.outage import asking_once, prefect_unreachable
 from revgate.flows.promote import DECIDED
 from revgate.manifests.errors import RevgateError
 
@@ -109,24 +110,36 @@ def follow_run(flow_run_id: UUID, report: Callable[[str], None], *, poll_s: floa
     watches (the run goes on; ``revgate status`` says how the window ends).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    seen = ""
-    with get_client(sync_client=True) as client:
+    seen, away = "", False
+    with asking_once() as client:
         while True:
-            run = client.read_flow_run(flow_run_id)
-            line = describe(run)
-            if line != seen:
-                report(line)
-                seen = line
-            if run.state is not None and run.state.is_final():
-                return state_end(str(flow_run_id), run.state)
-            if until_decided and run.state is not None and run.state.is_running() and \
-                    (decided := decided_line(client, flow_run_id)):
-                report(decided)
-                decision = decided.removeprefix(DECIDED).split(";", 1)[0]
-                return RunEnd(str(flow_run_id), "RUNNING", "Running (rollback window)", f"{DECISION}{decision}")
+            try:
+                run = client.read_flow_run(flow_run_id)
+                decided = until_decided and run.state is not None and run.state.is_running() and \
+                    decided_line(client, flow_run_id)
+            except Exception as error:
+                if not prefect_unreachable(error):
+                    raise
+                if not away:  # the run goes on without Prefect (its leases are the heartbeat's)
+                    report(f"the Prefect API is away ({type(error).__name__}): the run goes on; asking again")
+                away = True
+            else:
+                if away:
+                    report("the Prefect API is back")
+                away = False
+                line = describe(run)
+                if line != seen:
+                    report(line)
+                    seen = line
+                if run.state is not None and run.state.is_final():
+                    return state_end(str(flow_run_id), run.state)
+                if decided:
+                    report(decided)
+                    decision = decided.removeprefix(DECIDED).split(";", 1)[0]
+                    return RunEnd(str(flow_run_id), "RUNNING", "Running (rollback window)", f"{DECISION}{decision}")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} did not end within {timeout_s} s")
-            if tick is not None:
+            if tick is not None:  # the route's live view needs no Prefect
                 tick()
             time.sleep(poll_s)
 

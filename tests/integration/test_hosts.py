@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -396,6 +396,26 @@ FLEET = "fleet"
 RUN_S = 1500  # one rollout on a busy two-core machine: two candidate replicas load and warm, shadow, canary
 SUBMITTED = re.compile(r"\(([0-9a-f-]{36})\) submitted to promote/promote-revision")
 APPROVER = "rm@example.com"
+FLEET_LEASE_S = 30  # a lease renewed every 10 s: a Prefect outage of two minutes spans twelve renewals
+PREFECT_OUTAGE_S = 120
+
+
+class PrefectHost:
+    """``prefect server start`` on the ``prefect`` host, stopped and started again on the same port and
+    database as its operator would (an outage, then the same server back)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host, self.port = host, host.free_port()
+        self._running = ExitStack()
+
+    def start(self) -> str:
+        """Start it (readiness asked from control, as every client reaches it); its API URL."""
+        env = self._running.enter_context(processes.prefect_server(self.host.folder / "prefect",
+                                                                   at=self.host.placement(), port=self.port))
+        return env["PREFECT_API_URL"]
+
+    def stop(self) -> None:
+        self._running.close()
 
 
 @dataclass(frozen=True)
@@ -404,6 +424,7 @@ class Services:
 
     prefect_api: str
     tracking: str
+    prefect: PrefectHost
 
 
 @pytest.fixture(scope="module")
@@ -412,10 +433,12 @@ def services(hosts: Network) -> Iterator[Services]:
     files kept there too (the server proxies them)."""
     prefect, ledger = hosts["prefect"], hosts["ledger"]
     with hosts["control"].network(), ExitStack() as stack:
-        env = stack.enter_context(processes.prefect_server(prefect.folder / "prefect", at=prefect.placement()))
+        server = PrefectHost(prefect)
+        stack.callback(server.stop)
+        api = server.start()
         tracking = stack.enter_context(processes.mlflow_ui(f"sqlite:///{ledger.folder / 'mlflow.db'}",
                                                            ledger.folder / "mlflow.log", at=ledger.placement()))
-        yield Services(env["PREFECT_API_URL"], tracking)
+        yield Services(api, tracking, server)
 
 
 def fleet_plan(approver_key: Path) -> RolloutPlan:
@@ -423,7 +446,8 @@ def fleet_plan(approver_key: Path) -> RolloutPlan:
     with a signed answer, a candidate replica on each agent, one replica's capacity stated, a watched window."""
     return demo_plan().model_copy(update={
         "approvers": (APPROVER,), "signed_approval": True, "approver_keys": {APPROVER: approver_key.read_text()},
-        "candidate_replicas": 2, "replica_capacity_rps": Decimal("10"), "rollback_window_seconds": 15})
+        "candidate_replicas": 2, "replica_capacity_rps": Decimal("10"), "rollback_window_seconds": 15,
+        "lease_seconds": FLEET_LEASE_S})
 
 
 def control_env(control: Host, plane: Plane, services: Services) -> dict[str, str]:
@@ -455,10 +479,33 @@ def run_state(services: Services, flow_run_id: str) -> str:
     return str((answer.json().get("state") or {}).get("type", ""))
 
 
+def prefect_outage(services: Services, routes: str, lease_seconds: int) -> list[RouteSnapshot]:
+    """The Prefect server stopped (its host still up) until the route store shows the rollout's leases renewed
+    ``PREFECT_OUTAGE_S`` after it went down, then started again on the same port and database; the route's
+    snapshots written meanwhile."""
+    store, before = open_route_store(routes), open_route_store(routes).read(FLEET)
+    services.prefect.stop()
+    down_at = datetime.now(UTC)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{services.prefect_api}/health", timeout=5)
+
+    def renewed_through_outage() -> bool:
+        current = store.read(FLEET)
+        held = current.shadow or current.candidate
+        assert held is not None, f"the rollout's revision left the route while Prefect was down: {current}"
+        return (held.lease_expires_at - down_at).total_seconds() >= PREFECT_OUTAGE_S + lease_seconds
+
+    wait_until(renewed_through_outage, PREFECT_OUTAGE_S + 4 * lease_seconds,
+               f"the leases renewed {PREFECT_OUTAGE_S} s into the Prefect outage", every_s=2)
+    assert services.prefect.start() == services.prefect_api
+    return [s for s in store.history(FLEET) if s.generation > before.generation]
+
+
 def promote_on_control(control: Host, env: dict[str, str], candidate: str, services: Services,
-                       approver_key: Path) -> tuple[int, str, str]:
+                       approver_key: Path, *, outage: Callable[[], object] | None = None) -> tuple[int, str, str]:
     """``revgate promote fleet CANDIDATE`` on control, followed to its end; when the run pauses for approval,
-    the release manager's ``revgate approve`` (signed with their key) from control. Exit code, output, run id."""
+    ``outage`` (if any), then the release manager's ``revgate approve`` (signed with their key) from control.
+    Exit code, output, run id."""
     output = control.folder / f"promote-{candidate}.out"
     with output.open("w") as sink:
         command = control.popen([sys.executable, "-m", "revgate.cli.main", "promote", FLEET, candidate,
@@ -470,6 +517,10 @@ def promote_on_control(control: Host, env: dict[str, str], candidate: str, servi
         deadline = time.monotonic() + RUN_S
         wait_until(lambda: command.poll() is not None or run_state(services, flow_run_id) == "PAUSED", RUN_S,
                    "the run paused for approval", every_s=1)
+        if command.poll() is None and outage is not None:
+            outage()
+            wait_until(lambda: command.poll() is not None or run_state(services, flow_run_id) == "PAUSED", 120,
+                       "the run still paused for approval once Prefect is back", every_s=1)
         if command.poll() is None:
             answer = control.run([sys.executable, "-m", "revgate.cli.main", "approve", flow_run_id,
                                   "--key", str(approver_key), "--as", APPROVER, "--comment", "evidence read"],
@@ -518,7 +569,7 @@ def evidence_files(services: Services, flow_run_id: str, into: Path) -> tuple[An
 
 @pytest.mark.engine
 @pytest.mark.timeout(RUN_S + 900)
-def test_promote_revision_across_hosts_promotes_an_improvement_every_part_on_its_own_host(
+def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect_outage_in_its_approval(
     hosts: Network, plane: Plane, services: Services, tmp_path: Path
 ) -> None:
     control = hosts["control"]
@@ -546,7 +597,10 @@ def test_promote_revision_across_hosts_promotes_an_improvement_every_part_on_its
 
             users = {edge.name: OpenLoop(edge.public, rate=1.5) for edge in (one, two)}
             with prefect_worker(control, env), users[one.name].running(), users[two.name].running():
-                code, printed, promoted_run = promote_on_control(control, env, "improved", services, approver_key)
+                during: list[RouteSnapshot] = []
+                code, printed, promoted_run = promote_on_control(
+                    control, env, "improved", services, approver_key,
+                    outage=lambda: during.extend(prefect_outage(services, routes, FLEET_LEASE_S)))
                 assert code == 0 and printed.rstrip().endswith("decision: promoted"), printed[-4000:]
                 assert "Downloading artifacts" not in printed  # the live view reads the reports without a bar each
                 # `revgate promote` returns at the decision; the run goes on: the window, the drain, the close.
@@ -567,6 +621,14 @@ def test_promote_revision_across_hosts_promotes_an_improvement_every_part_on_its
               for name, loop in users.items()}
     print("users per router:", counts)
     assert all(c["sent"] > 0 and c["failed"] == 0 and c["off_route"] == 0 for c in counts.values()), counts
+
+    # Prefect down for two minutes of the approval pause: the leases were renewed all along, nothing else moved,
+    # and the run went on to its promotion once Prefect was back.
+    assert len(during) >= PREFECT_OUTAGE_S // (FLEET_LEASE_S // 3) - 2, [s.generation for s in during]
+    away, back = printed.find("the Prefect API is away"), printed.find("the Prefect API is back")
+    assert 0 <= away < back < printed.find("decision: promoted"), printed[-4000:]  # the live view said so
+    assert all(s.shadow is not None and s.shadow.fingerprint == during[0].shadow.fingerprint  # type: ignore[union-attr]
+               and s.candidate is None for s in during), during
 
     # The improvement: promoted, one candidate replica on each agent, each endpoint in its agent's failure domain.
     final = history[-1]
