@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
@@ -565,8 +567,25 @@ def run_cancelled() -> Callable[[], bool] | None:
     return cancelled
 
 
+LOCK_ACQUIRE_S = 60.0  # the longest a rollout waits for Prefect to answer its lock request
+
+
+class PrefectUnanswered(RevgateError):
+    """Prefect did not answer the route lock's request in time: whether the route is free is unknown."""
+
+
+def route_lock_held(error: ConcurrencySlotAcquisitionError) -> bool:
+    """Whether Prefect refused the slot because it is taken (423 Locked), not for any other reason."""
+    cause = error.__cause__
+    return isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == httpx.codes.LOCKED
+
+
 def hold_route_lock(spec: PromotionSpec) -> ExitStack:
     """Take the route's one-slot lock; RolloutInProgress when another rollout holds it (and only then).
+
+    Asked once (``max_retries=0``): Prefect's 423 Locked is the only answer read as "held". A slow
+    Prefect is not a rollout in progress: the request may take up to ``LOCK_ACQUIRE_S`` (a loaded
+    server took over 5 s, and a 5 s timeout used to refuse a free route as busy).
 
     The lock's lease outlives a killed controller by at most the rollout's lease (Prefect's floor is 60 s).
     A renewal that fails (the Prefect API away for longer than Prefect's three tries) does not stop the
@@ -578,13 +597,23 @@ def hold_route_lock(spec: PromotionSpec) -> ExitStack:
     ensure_route_lock(spec.route)
     lock = ExitStack()
     try:
-        lock.enter_context(concurrency(lock_name(spec.route), occupy=1, strict=True, timeout_seconds=5,
-                                       lease_duration=max(60, spec.plan.lease_seconds),
+        lock.enter_context(concurrency(lock_name(spec.route), occupy=1, strict=True, timeout_seconds=LOCK_ACQUIRE_S,
+                                       max_retries=0, lease_duration=max(60, spec.plan.lease_seconds),
                                        raise_on_lease_renewal_failure=False))
-    except TimeoutError:  # raised here only by the slot acquisition
+    except ConcurrencySlotAcquisitionError as error:
+        if not route_lock_held(error):
+            raise
         raise RolloutInProgress(
             f"route {spec.route!r} already has a rollout in progress", where=lock_name(spec.route),
             fix="Wait for it to finish or roll it back; one rollout per route at a time.",
+        ) from None
+    except TimeoutError:  # raised here only by the slot acquisition
+        raise PrefectUnanswered(
+            f"Prefect did not answer the request for route {spec.route!r}'s lock within {LOCK_ACQUIRE_S:g} s",
+            where=lock_name(spec.route),
+            fix=f"Nothing was changed. Check the Prefect API (PREFECT_API_URL) and start the rollout again; if Prefect "
+                f"took the request late, the lock is held until its lease ends (at most "
+                f"{max(60, spec.plan.lease_seconds)} s).",
         ) from None
     return lock
 

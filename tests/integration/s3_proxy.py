@@ -1,10 +1,12 @@
-"""An S3 endpoint that ignores conditional writes: a real HTTP proxy in front of moto that drops
-If-Match and If-None-Match, the way some S3-compatible servers accept and ignore them."""
+"""Real HTTP proxies that misbehave on purpose: an S3 endpoint that ignores conditional writes (drops
+If-Match and If-None-Match, the way some S3-compatible servers accept and ignore them), one that loses
+answers, one that is slow to answer."""
 
 from __future__ import annotations
 
 import http.client
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +17,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 
 
 def _handler(upstream: str, dropped: frozenset[str] = DROPPED,
-             lose_answer: Callable[[str, str], bool] | None = None) -> type[BaseHTTPRequestHandler]:
+             lose_answer: Callable[[str, str], bool] | None = None,
+             delay_s: Callable[[str, str], float] | None = None) -> type[BaseHTTPRequestHandler]:
     parts = urlsplit(upstream)
 
     class Forward(BaseHTTPRequestHandler):
@@ -27,6 +30,8 @@ def _handler(upstream: str, dropped: frozenset[str] = DROPPED,
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length) if length else None
+            if delay_s is not None:
+                time.sleep(delay_s(self.command, self.path))  # a server slow to take this request in
             headers = {name: value for name, value in self.headers.items()
                        if name.lower() not in dropped | HOP_BY_HOP}
             connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
@@ -80,4 +85,12 @@ def losing_answers(upstream: str, lose: Callable[[str, str], bool]) -> Iterator[
     """The URL of a proxy to ``upstream`` that forwards everything and, for the requests ``lose(method,
     path)`` picks, drops the answer: the request took effect, the client sees a closed connection."""
     with serving(_handler(upstream, frozenset(), lose)) as url:
+        yield url
+
+
+@contextmanager
+def slow_to_answer(upstream: str, delay_s: Callable[[str, str], float]) -> Iterator[str]:
+    """The URL of a proxy to ``upstream`` that holds each request ``delay_s(method, path)`` seconds before
+    forwarding it: a loaded server, slow but answering."""
+    with serving(_handler(upstream, frozenset(), None, delay_s)) as url:
         yield url

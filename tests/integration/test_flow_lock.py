@@ -44,6 +44,44 @@ def test_a_concurrent_rollout_is_refused_and_changes_nothing(prefect_api: str, t
     assert not (tmp_path / "mlflow.db").exists()  # refused before any evidence run was opened
 
 
+LEASE_PATH = "/concurrency_limits/increment-with-lease"
+
+
+def test_a_slow_prefect_is_waited_for_and_only_a_held_lock_refuses_a_rollout(
+    prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The defect: the lock request had 5 s in all; a loaded Prefect server that took longer to answer had
+    # a rollout of a free route refused as "already has a rollout in progress".
+    import time
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from revgate.flows import promote
+    from revgate.flows.promote import PrefectUnanswered, RolloutInProgress, hold_route_lock
+    from tests.integration.s3_proxy import slow_to_answer
+
+    root = prefect_api.removesuffix("/api")
+    slow_s = 7.0
+    with slow_to_answer(root, lambda _, path: slow_s if path.endswith(LEASE_PATH) else 0.0) as slow, \
+            temporary_settings(updates={PREFECT_API_URL: f"{slow}/api"}):
+        began = time.monotonic()
+        lock = hold_route_lock(spec(tmp_path, "slow"))
+        assert time.monotonic() - began >= slow_s  # it waited for Prefect's answer
+        try:
+            with pytest.raises(RolloutInProgress, match="already has a rollout in progress"):
+                hold_route_lock(spec(tmp_path, "slow"))  # held: Prefect's 423, however slow, is a refusal
+        finally:
+            lock.close()
+        hold_route_lock(spec(tmp_path, "slow")).close()  # given back: free again
+
+        # Prefect that does not answer within the limit: said so, not taken for a rollout in progress.
+        monkeypatch.setattr(promote, "LOCK_ACQUIRE_S", 2.0)
+        with pytest.raises(PrefectUnanswered) as unanswered:
+            hold_route_lock(spec(tmp_path, "unanswered"))
+    message = str(unanswered.value)
+    assert "did not answer" in message and "within 2 s" in message and "PREFECT_API_URL" in message
+
+
 def server_pids(port: int) -> list[int]:
     """The processes whose command line is a server on ``port`` (the Prefect server and its workers)."""
     found = []
