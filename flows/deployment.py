@@ -18,8 +18,9 @@ from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
-from revgate.flows.promote import RolloutInProgress, promote_revision
+from revgate.flows.promote import promote_revision
 from revgate.flows.restore import restorer
+from revgate.flows.route_lock import RolloutInProgress
 from revgate.flows.site import RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
 from revgate.flows.spec import PromotionSpec
 from revgate.flows.steps import router_admin

@@ -85,6 +85,9 @@ def service(
         stop(process)
 
 
+LEASE_STORAGE = "prefect.server.concurrency.lease_storage.filesystem"
+
+
 def prefect_env(home: Path, port: int, host: str = "127.0.0.1") -> dict[str, str]:
     """Settings for a Prefect server and for the processes that talk to it."""
     return {
@@ -124,7 +127,9 @@ def prefect_server(home: Path, auth_file: Path | None = None, *, at: Placement =
     """
     port = port or free_port()
     env = prefect_env(home, port, at.host)
-    server_env = dict(env)
+    # Leases on disk, under ``home``: the default (in memory) forgets them when the server restarts, and the
+    # slot a lease held stays counted for ever; a route's lock would refuse every later rollout.
+    server_env = dict(env) | {"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": LEASE_STORAGE}
     if auth_file is not None:
         auth = basic_auth_file(auth_file)
         env["PREFECT_API_AUTH_STRING"] = auth

@@ -11,12 +11,9 @@ decision recorded is what the route says.
 
 from __future__ import annotations
 
-import contextvars
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -24,13 +21,9 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import httpx
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
-from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
 from revgate.evaluation.evidence import build_evidence
@@ -42,10 +35,14 @@ from revgate.flows import approval, evidence, sizing, steps
 from revgate.flows.attest import Attestor, Signed, controller_key
 from revgate.flows.auditor import log_stage_plots, plot_stage, version_facts
 from revgate.flows.report import report_markdown, slice_rows
+from revgate.flows.route_lock import (
+    RouteLock,
+    lock_name,
+    release_route_lock,
+)
 from revgate.flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
 from revgate.flows.sizing import Measured
 from revgate.flows.spec import PromotionSpec
-from revgate.manifests.errors import RevgateError
 from revgate.manifests.gates import GateReport
 from revgate.manifests.revision import ServiceRevision
 from revgate.manifests.rollout import Analyze, Approve, Bake
@@ -76,24 +73,6 @@ from revgate.rollback.plan import revert_to
 from revgate.serving.worker.client import AgentEngine
 
 log = logging.getLogger(__name__)
-
-
-class RolloutInProgress(RevgateError):
-    """Another rollout holds the route's lock: one rollout per route at a time."""
-
-
-def lock_name(route: str) -> str:
-    """The global concurrency limit that serialises rollouts of one route."""
-    return f"revgate-route-{route}"
-
-
-def ensure_route_lock(route: str) -> None:
-    """Create the route's one-slot limit if missing (``strict=True`` refuses a missing one)."""
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(lock_name(route))
-        except Exception:  # prefect raises ObjectNotFound; any read failure means create
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=lock_name(route), limit=1))
 
 
 @task(name="pin")
@@ -567,86 +546,21 @@ def run_cancelled() -> Callable[[], bool] | None:
     return cancelled
 
 
-LOCK_ACQUIRE_S = 60.0  # the longest a rollout waits for Prefect to answer its lock request
-
-
-class PrefectUnanswered(RevgateError):
-    """Prefect did not answer the route lock's request in time: whether the route is free is unknown."""
-
-
-def route_lock_held(error: ConcurrencySlotAcquisitionError) -> bool:
-    """Whether Prefect refused the slot because it is taken (423 Locked), not for any other reason."""
-    cause = error.__cause__
-    return isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == httpx.codes.LOCKED
-
-
-def hold_route_lock(spec: PromotionSpec) -> ExitStack:
-    """Take the route's one-slot lock; RolloutInProgress when another rollout holds it (and only then).
-
-    Asked once (``max_retries=0``): Prefect's 423 Locked is the only answer read as "held". A slow
-    Prefect is not a rollout in progress: the request may take up to ``LOCK_ACQUIRE_S`` (a loaded
-    server took over 5 s, and a 5 s timeout used to refuse a free route as busy).
+def hold_route_lock(spec: PromotionSpec) -> RouteLock:
+    """Take the route's one-slot lock (``flows.route_lock``); RolloutInProgress when another rollout holds it.
 
     The lock's lease outlives a killed controller by at most the rollout's lease (Prefect's floor is 60 s).
-    A renewal that fails (the Prefect API away for longer than Prefect's three tries) does not stop the
-    rollout: Prefect would cancel the flow's main thread at whatever step it is in, the approval pause
-    included, with no decision. The lock only keeps a second rollout from starting; the route's fence is
-    what keeps two from writing: a rollout started once the lapsed lock was free again writes the route,
-    and this one reads that as a takeover (a decision, in its evidence). Prefect logs the lapse.
+    Kept by this process through a Prefect outage, and taken again if its lease ended meanwhile: the
+    lock only keeps a second rollout from starting; the route's fence is what keeps two from writing.
     """
-    ensure_route_lock(spec.route)
-    lock = ExitStack()
     try:
-        lock.enter_context(concurrency(lock_name(spec.route), occupy=1, strict=True, timeout_seconds=LOCK_ACQUIRE_S,
-                                       max_retries=0, lease_duration=max(60, spec.plan.lease_seconds),
-                                       raise_on_lease_renewal_failure=False))
-    except ConcurrencySlotAcquisitionError as error:
-        if not route_lock_held(error):
-            raise
-        raise RolloutInProgress(
-            f"route {spec.route!r} already has a rollout in progress", where=lock_name(spec.route),
-            fix="Wait for it to finish or roll it back; one rollout per route at a time.",
-        ) from None
-    except TimeoutError:  # raised here only by the slot acquisition
-        raise PrefectUnanswered(
-            f"Prefect did not answer the request for route {spec.route!r}'s lock within {LOCK_ACQUIRE_S:g} s",
-            where=lock_name(spec.route),
-            fix=f"Nothing was changed. Check the Prefect API (PREFECT_API_URL) and start the rollout again; if Prefect "
-                f"took the request late, the lock is held until its lease ends (at most "
-                f"{max(60, spec.plan.lease_seconds)} s).",
-        ) from None
-    return lock
+        say = get_run_logger().warning
+    except Exception:  # outside a flow run (a test, a script): the module's log
+        say = log.warning
+    return RouteLock(spec.route, spec.plan.lease_seconds, say=say).take()
 
 
-LOCK_RELEASE_S = 10.0  # the longest a decision waits for Prefect to take the route's lock back
-
-
-def release_route_lock(lock: ExitStack, limit_s: float = LOCK_RELEASE_S) -> str:
-    """Give the route's lock back, waiting at most ``limit_s`` for Prefect; "" once released, else why not.
-
-    Prefect down or cut off must not hold back what follows a committed decision (the rollback
-    window, the old stable's drain, the evidence run's close): a lock that is not given back ends
-    with its lease, at most ``max(60, lease_seconds)`` later. Released twice, the second is a no-op.
-    """
-    failed: list[str] = []
-
-    def release() -> None:
-        try:
-            lock.close()
-        except Exception as error:  # whatever Prefect's client raised, the lease still ends
-            failed.append(f"{type(error).__name__}: {error}")
-
-    # In this context (Prefect's settings and run context live in context variables a new thread lacks).
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(release,), name="route-lock-release",
-                              daemon=True)
-    thread.start()
-    thread.join(limit_s)
-    if thread.is_alive():
-        return f"Prefect did not answer within {limit_s:g} s"
-    return failed[0] if failed else ""
-
-
-def give_back_route_lock(spec: PromotionSpec, lock: ExitStack) -> None:
+def give_back_route_lock(spec: PromotionSpec, lock: RouteLock) -> None:
     """:func:`release_route_lock`, warning when the lock stays held until its lease ends."""
     why = release_route_lock(lock)
     if why:
@@ -673,7 +587,7 @@ def replica_key(view: dict[str, Any]) -> steps.ReplicaKey:
 class Rollout:
     """One run of the flow: its evidence run, the replicas it started or retired, and the cleanup that always runs."""
 
-    def __init__(self, spec: PromotionSpec, lock: ExitStack) -> None:
+    def __init__(self, spec: PromotionSpec, lock: RouteLock) -> None:
         self.spec = spec
         self.lock = lock
         self.ledger = EvidenceLedger(spec.tracking_uri, Path(spec.evidence_root) / "mlflow-artifacts")

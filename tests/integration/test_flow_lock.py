@@ -12,6 +12,7 @@ from revgate.manifests.gates import GatePolicy
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
 from revgate.registry.route_store import open_route_store
 from revgate.serving.worker.request import SignaturePolicySpec
+from tests.integration.rollout_estate import wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -30,7 +31,8 @@ def spec(tmp_path: Path, route: str) -> PromotionSpec:
 def test_a_concurrent_rollout_is_refused_and_changes_nothing(prefect_api: str, tmp_path: Path) -> None:
     from prefect.concurrency.sync import concurrency
 
-    from revgate.flows.promote import RolloutInProgress, ensure_route_lock, lock_name, promote_revision
+    from revgate.flows.promote import promote_revision
+    from revgate.flows.route_lock import RolloutInProgress, ensure_route_lock, lock_name
 
     store = open_route_store(str(tmp_path / "routes"))
     stable = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
@@ -47,6 +49,14 @@ def test_a_concurrent_rollout_is_refused_and_changes_nothing(prefect_api: str, t
 LEASE_PATH = "/concurrency_limits/increment-with-lease"
 
 
+def active_slots(name: str) -> int:
+    """How many slots of the limit ``name`` the Prefect server counts as taken (asked directly)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_global_concurrency_limit_by_name(name).active_slots
+
+
 def test_a_slow_prefect_is_waited_for_and_only_a_held_lock_refuses_a_rollout(
     prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -56,8 +66,9 @@ def test_a_slow_prefect_is_waited_for_and_only_a_held_lock_refuses_a_rollout(
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from revgate.flows import promote
-    from revgate.flows.promote import PrefectUnanswered, RolloutInProgress, hold_route_lock
+    from revgate.flows import route_lock
+    from revgate.flows.promote import hold_route_lock
+    from revgate.flows.route_lock import PrefectUnanswered, RolloutInProgress, lock_name
     from tests.integration.s3_proxy import slow_to_answer
 
     root = prefect_api.removesuffix("/api")
@@ -75,11 +86,79 @@ def test_a_slow_prefect_is_waited_for_and_only_a_held_lock_refuses_a_rollout(
         hold_route_lock(spec(tmp_path, "slow")).close()  # given back: free again
 
         # Prefect that does not answer within the limit: said so, not taken for a rollout in progress.
-        monkeypatch.setattr(promote, "LOCK_ACQUIRE_S", 2.0)
+        monkeypatch.setattr(route_lock, "LOCK_ACQUIRE_S", 2.0)
         with pytest.raises(PrefectUnanswered) as unanswered:
             hold_route_lock(spec(tmp_path, "unanswered"))
+        # Its grant came later, to nobody: given back, so the route is not held for a lease by no one.
+        wait_until(lambda: active_slots(lock_name("unanswered")) == 0, 60, "the late grant given back")
     message = str(unanswered.value)
     assert "did not answer" in message and "within 2 s" in message and "PREFECT_API_URL" in message
+
+
+def test_a_route_lock_whose_lease_ended_is_taken_again_and_one_taken_by_another_is_said(
+    prefect_api: str, tmp_path: Path
+) -> None:
+    # The defect: Prefect's own renewal gave up after three failed tries (half a minute of an outage); the
+    # slot was then gone for the rest of the rollout and a second rollout of the route could start.
+    from prefect.client.orchestration import get_client
+
+    from revgate.flows.route_lock import RolloutInProgress, RouteLock, lock_name
+
+    said: list[str] = []
+    lock = RouteLock("lapsed", 60, say=said.append).take()
+    try:
+        def end_lease(lease: object) -> None:  # what Prefect does to a lease nobody renewed for its duration
+            with get_client(sync_client=True) as client:
+                client.release_concurrency_slots_with_lease(lease_id=lease)  # type: ignore[arg-type]
+
+        end_lease(lock.lease_id)
+        assert active_slots(lock_name("lapsed")) == 0  # free: a second rollout could start now
+        assert lock.keep_once()
+        assert lock.taken_again == 1 and "taken again" in said[-1], said
+        assert active_slots(lock_name("lapsed")) == 1
+        with pytest.raises(RolloutInProgress):
+            RouteLock("lapsed", 60).take()
+
+        end_lease(lock.lease_id)
+        other = RouteLock("lapsed", 60).take()  # another rollout, started while the slot was free
+        try:
+            assert lock.keep_once()
+            assert lock.lost and lock.lease_id is None and "another rollout took it" in said[-1], said
+            lock.close()  # gives back nothing of the other's
+            assert active_slots(lock_name("lapsed")) == 1
+        finally:
+            other.close()
+        assert active_slots(lock_name("lapsed")) == 0
+    finally:
+        lock.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_route_lock_outlives_a_prefect_restart_and_is_free_once_given_back(tmp_path: Path) -> None:
+    # The defect: Prefect's server kept leases in memory; restarted, it forgot them, and the slot they held
+    # stayed counted: every later rollout of the route was refused as "already has a rollout in progress".
+    from contextlib import ExitStack
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from revgate.flows.processes import free_port, prefect_server
+    from revgate.flows.route_lock import RolloutInProgress, RouteLock, lock_name
+
+    home, port, said = tmp_path / "prefect", free_port(), []
+    first = ExitStack()
+    env = first.enter_context(prefect_server(home, port=port))
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        lock = RouteLock("restarted", 60, say=said.append).take()
+        first.close()
+        assert not lock.keep_once() and "cannot renew the route lock" in said[-1], said  # away: said, not raised
+        with prefect_server(home, port=port):
+            assert lock.keep_once() and said[-1].endswith("is held"), said  # its own lease, renewed
+            assert lock.taken_again == 0 and not lock.lost
+            with pytest.raises(RolloutInProgress):
+                RouteLock("restarted", 60).take()
+            lock.close()
+            assert active_slots(lock_name("restarted")) == 0
+            RouteLock("restarted", 60).take().close()  # a new rollout of the route starts
 
 
 def server_pids(port: int) -> list[int]:
@@ -107,7 +186,8 @@ def test_a_prefect_that_stops_answering_or_goes_away_never_holds_a_decision_back
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from revgate.flows.processes import prefect_server
-    from revgate.flows.promote import hold_route_lock, release_route_lock
+    from revgate.flows.promote import hold_route_lock
+    from revgate.flows.route_lock import release_route_lock
 
     server = ExitStack()
     env = server.enter_context(prefect_server(tmp_path / "prefect"))

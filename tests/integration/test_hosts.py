@@ -479,6 +479,13 @@ def run_state(services: Services, flow_run_id: str) -> str:
     return str((answer.json().get("state") or {}).get("type", ""))
 
 
+def lock_slots_taken(services: Services, route: str) -> int:
+    """How many slots of the route's lock the Prefect server counts as taken, from its REST API."""
+    answer = httpx.get(f"{services.prefect_api}/v2/concurrency_limits/revgate-route-{route}", timeout=10)
+    answer.raise_for_status()
+    return int(answer.json()["active_slots"])
+
+
 def prefect_outage(services: Services, routes: str, lease_seconds: int) -> list[RouteSnapshot]:
     """The Prefect server stopped (its host still up) until the route store shows the rollout's leases renewed
     ``PREFECT_OUTAGE_S`` after it went down, then started again on the same port and database; the route's
@@ -515,17 +522,25 @@ def promote_on_control(control: Host, env: dict[str, str], candidate: str, servi
                                "the run submitted to the deployment")
         flow_run_id = submitted.group(1)
         deadline = time.monotonic() + RUN_S
-        wait_until(lambda: command.poll() is not None or run_state(services, flow_run_id) == "PAUSED", RUN_S,
-                   "the run paused for approval", every_s=1)
+
+        def paused_or_done() -> bool:
+            return command.poll() is not None or run_state(services, flow_run_id) == "PAUSED"
+
+        wait_until(paused_or_done, RUN_S, "the run paused for approval", every_s=1)
         if command.poll() is None and outage is not None:
             outage()
-            wait_until(lambda: command.poll() is not None or run_state(services, flow_run_id) == "PAUSED", 120,
-                       "the run still paused for approval once Prefect is back", every_s=1)
-        if command.poll() is None:
+            wait_until(paused_or_done, 120, "the run still paused for approval once Prefect is back", every_s=1)
+        # The approval, then any "gates inconclusive: proceed anyway?" at a stage's limit: the release manager
+        # answers each after reading the evidence, as in production (the live view shows the gates).
+        while command.poll() is None and time.monotonic() < deadline:
             answer = control.run([sys.executable, "-m", "revgate.cli.main", "approve", flow_run_id,
                                   "--key", str(approver_key), "--as", APPROVER, "--comment", "evidence read"],
                                  env=env, timeout=120)
             assert answer.returncode == 0, answer.stdout + answer.stderr
+            wait_until(lambda: command.poll() is not None or run_state(services, flow_run_id) != "PAUSED", 120,
+                       "the run going on after the answer", every_s=1)
+            wait_until(paused_or_done, max(1.0, deadline - time.monotonic()), "the run's next pause or its end",
+                       every_s=1)
         try:
             command.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -607,6 +622,9 @@ def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect
                 wait_until(lambda: run_state(services, promoted_run) in ("COMPLETED", "FAILED", "CRASHED"), 600,
                            "the run's end after its rollback window", every_s=1)
                 assert run_state(services, promoted_run) == "COMPLETED"
+                # The route's lock outlived the restart and was given back: a next rollout of the route can start
+                # (a server keeping leases in memory forgot this one, and its slot stayed taken for good).
+                assert lock_slots_taken(services, FLEET) == 0
             history = list(open_route_store(routes).history(FLEET))
             token = (control.folder / AGENT_TOKEN).read_text().strip()
             placed = {name: [r for r in WorkerClient(url, token).replicas()

@@ -200,7 +200,8 @@ def test_an_approval_longer_than_the_lease_keeps_the_canary_then_a_rollback_in_t
 
 @pytest.mark.timeout(1200)
 def test_a_killed_controller_leaves_stable_serving_within_one_lease(parts: Estate, tmp_path: Path) -> None:
-    from revgate.flows.promote import RolloutInProgress, hold_route_lock
+    from revgate.flows.promote import hold_route_lock
+    from revgate.flows.route_lock import RolloutInProgress
 
     lease = 10
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=lease,
