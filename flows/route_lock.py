@@ -19,6 +19,7 @@ import contextvars
 import logging
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
@@ -29,6 +30,7 @@ from revgate.flows.outage import asking_once
 from revgate.manifests.errors import RevgateError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LOCK_ACQUIRE_S = 60.0  # the longest a rollout waits for Prefect to answer its lock request
 LOCK_RELEASE_S = 10.0  # the longest a decision waits for Prefect to take the route's lock back
@@ -62,6 +64,38 @@ def ensure_route_lock(route: str) -> None:
 def status_of(error: BaseException) -> int:
     """The HTTP status of a Prefect API error, 0 for anything else."""
     return error.response.status_code if isinstance(error, PrefectHTTPStatusError) else 0
+
+
+def call_within(limit_s: float, name: str, call: Callable[[], T], *,
+                too_late: Callable[[T], None] | None = None) -> list[T | BaseException]:
+    """``call()`` in a thread of its own (in this context: Prefect's settings and run context live in context
+    variables a new thread lacks), waited for at most ``limit_s``: ``[value]``, ``[error]``, or ``[]`` when it
+    did not answer in time; a value that comes after that goes to ``too_late``."""
+    answer: list[T | BaseException] = []
+    gate = threading.Lock()  # the answer and the giving up are decided one at a time, never both
+    waiting = [True]
+
+    def run() -> None:
+        try:
+            result: T | BaseException = call()
+        except BaseException as error:  # handed to the caller
+            result = error
+        with gate:
+            if waiting[0]:
+                answer.append(result)
+                return
+        if too_late is not None and not isinstance(result, BaseException):
+            try:
+                too_late(result)
+            except Exception as error:  # nobody to hand it to: said, and the lease ends on its own
+                log.warning("%s: a late answer could not be undone: %s", name, error)
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    with gate:
+        waiting[0] = False
+        return list(answer)
 
 
 class RouteLock:
@@ -100,25 +134,16 @@ class RouteLock:
 
     def _acquire_within(self, limit_s: float) -> UUID:
         """One request for the slot, waited for at most ``limit_s``; a grant that comes later is given back."""
-        answer: list[UUID | BaseException] = []
-        late = threading.Event()
+        def acquire() -> UUID:
+            with get_client(sync_client=True) as client:
+                return self._acquire(client)
 
-        def ask() -> None:
-            try:
-                with get_client(sync_client=True) as client:
-                    lease = self._acquire(client)
-                    if late.is_set():  # nobody waits for it any more: give it back rather than hold the route
-                        client.release_concurrency_slots_with_lease(lease_id=lease)
-                    answer.append(lease)
-            except BaseException as error:  # handed to the caller
-                answer.append(error)
+        def give_back(lease: object) -> None:  # nobody waits for it any more: rather than hold the route
+            with get_client(sync_client=True) as client:
+                client.release_concurrency_slots_with_lease(lease_id=lease)  # type: ignore[arg-type]
 
-        thread = threading.Thread(target=contextvars.copy_context().run, args=(ask,), name="route-lock-take",
-                                  daemon=True)
-        thread.start()
-        thread.join(limit_s)
+        answer = call_within(limit_s, "route-lock-take", acquire, too_late=give_back)
         if not answer:
-            late.set()
             raise PrefectUnanswered(
                 f"Prefect did not answer the request for route {self.route!r}'s lock within {limit_s:g} s",
                 where=self.name,
@@ -187,19 +212,9 @@ def release_route_lock(lock: RouteLock, limit_s: float = LOCK_RELEASE_S) -> str:
     window, the old stable's drain, the evidence run's close): a lock that is not given back ends
     with its lease, at most ``max(60, lease_seconds)`` later. Released twice, the second is a no-op.
     """
-    failed: list[str] = []
-
-    def release() -> None:
-        try:
-            lock.close()
-        except Exception as error:  # whatever Prefect's client raised, the lease still ends
-            failed.append(f"{type(error).__name__}: {error}")
-
-    # In this context (Prefect's settings and run context live in context variables a new thread lacks).
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(release,), name="route-lock-release",
-                              daemon=True)
-    thread.start()
-    thread.join(limit_s)
-    if thread.is_alive():
+    answer = call_within(limit_s, "route-lock-release", lock.close)
+    if not answer:
         return f"Prefect did not answer within {limit_s:g} s"
-    return failed[0] if failed else ""
+    error = answer[0]
+    # Whatever Prefect's client raised, the lease still ends.
+    return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else ""

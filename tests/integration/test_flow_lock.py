@@ -73,7 +73,13 @@ def test_a_slow_prefect_is_waited_for_and_only_a_held_lock_refuses_a_rollout(
 
     root = prefect_api.removesuffix("/api")
     slow_s = 7.0
-    with slow_to_answer(root, lambda _, path: slow_s if path.endswith(LEASE_PATH) else 0.0) as slow, \
+    seen: list[str] = []  # every request's path, as the proxy takes it in
+
+    def delay(_: str, path: str) -> float:
+        seen.append(path)
+        return slow_s if path.endswith(LEASE_PATH) else 0.0
+
+    with slow_to_answer(root, delay) as slow, \
             temporary_settings(updates={PREFECT_API_URL: f"{slow}/api"}):
         began = time.monotonic()
         lock = hold_route_lock(spec(tmp_path, "slow"))
@@ -87,10 +93,14 @@ def test_a_slow_prefect_is_waited_for_and_only_a_held_lock_refuses_a_rollout(
 
         # Prefect that does not answer within the limit: said so, not taken for a rollout in progress.
         monkeypatch.setattr(route_lock, "LOCK_ACQUIRE_S", 2.0)
+        given_back = len(seen)  # the requests before this one (the released lock's among them)
         with pytest.raises(PrefectUnanswered) as unanswered:
             hold_route_lock(spec(tmp_path, "unanswered"))
-        # Its grant came later, to nobody: given back, so the route is not held for a lease by no one.
-        wait_until(lambda: active_slots(lock_name("unanswered")) == 0, 60, "the late grant given back")
+        # Its grant came later, to nobody: given back (asked once the grant was made), so the route is not
+        # held for a lease by no one.
+        wait_until(lambda: any(path.endswith("/decrement-with-lease") for path in seen[given_back:]), 60,
+                   "the late grant given back")
+        wait_until(lambda: active_slots(lock_name("unanswered")) == 0, 60, "the route free again")
     message = str(unanswered.value)
     assert "did not answer" in message and "within 2 s" in message and "PREFECT_API_URL" in message
 
