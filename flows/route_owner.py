@@ -19,7 +19,7 @@ from revgate.flows import steps
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.route import RouteConflict, RouteSnapshot
-from revgate.promotion.ownership import Takeover, takeover
+from revgate.promotion.ownership import Takeover, lapsed_lease, takeover
 from revgate.promotion.routes import renew_leases
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,14 @@ class Heartbeat:
     def _renewed(self, current: RouteSnapshot) -> RouteSnapshot | None:
         if current.candidate is None and current.shadow is None:
             return None
-        return renew_leases(current, lease_seconds=self.lease_seconds, by=self.by, now=datetime.now(UTC))
+        now = datetime.now(UTC)
+        lapsed = lapsed_lease(current, now)
+        if lapsed is not None:  # renewing would serve the candidate again, its gap unwatched: stop instead
+            if not self.owner.fault:
+                log.warning("the rollout stops: %s", lapsed)
+            self.owner.stop(lapsed)
+            return None
+        return renew_leases(current, lease_seconds=self.lease_seconds, by=self.by, now=now)
 
     def beat(self) -> None:
         """One renewal (nothing to renew when the route has no candidate and no shadow, or once cancelled)."""

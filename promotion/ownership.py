@@ -65,3 +65,17 @@ def lease_end(route: RouteSnapshot, endpoints: Iterable[str]) -> datetime | None
     wanted = {url.rstrip("/") for url in endpoints}
     ends = [t.lease_expires_at for t in (route.candidate, route.shadow) if t is not None and wanted & set(t.endpoints)]
     return max(ends, default=None)
+
+
+def lapsed_lease(route: RouteSnapshot, now: datetime) -> str | None:
+    """Why the rollout no longer holds its traffic: a candidate or shadow lease that ran out before it was
+    renewed (the controller could not reach the route store for a whole lease). Every router has sent that
+    traffic to stable since, unwatched by the rollout's gates; renewing it would put an unwatched revision
+    back in front of users, so the rollout ends instead. None while every lease is live."""
+    for role, target in (("candidate", route.candidate), ("shadow", route.shadow)):
+        if target is not None and target.lease_expires_at <= now:
+            late = (now - target.lease_expires_at).total_seconds()
+            return (f"the {role}'s lease ran out at {target.lease_expires_at.isoformat(timespec='seconds')} "
+                    f"({late:.1f} s before it could be renewed: the route store was out of reach for a whole "
+                    f"lease); the routers have sent its traffic to stable since")
+    return None

@@ -1,6 +1,6 @@
 """Real HTTP proxies that misbehave on purpose: an S3 endpoint that ignores conditional writes (drops
 If-Match and If-None-Match, the way some S3-compatible servers accept and ignore them), one that loses
-answers, one that is slow to answer."""
+answers, one that is slow to answer, one that can be cut off."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 
 def _handler(upstream: str, dropped: frozenset[str] = DROPPED,
              lose_answer: Callable[[str, str], bool] | None = None,
-             delay_s: Callable[[str, str], float] | None = None) -> type[BaseHTTPRequestHandler]:
+             delay_s: Callable[[str, str], float] | None = None,
+             refuse: Callable[[], bool] | None = None) -> type[BaseHTTPRequestHandler]:
     parts = urlsplit(upstream)
 
     class Forward(BaseHTTPRequestHandler):
@@ -30,6 +31,9 @@ def _handler(upstream: str, dropped: frozenset[str] = DROPPED,
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length) if length else None
+            if refuse is not None and refuse():
+                self.close_connection = True  # a store out of reach: the request never gets there, no answer
+                return
             if delay_s is not None:
                 time.sleep(delay_s(self.command, self.path))  # a server slow to take this request in
             headers = {name: value for name, value in self.headers.items()
@@ -93,4 +97,12 @@ def slow_to_answer(upstream: str, delay_s: Callable[[str, str], float]) -> Itera
     """The URL of a proxy to ``upstream`` that holds each request ``delay_s(method, path)`` seconds before
     forwarding it: a loaded server, slow but answering."""
     with serving(_handler(upstream, frozenset(), None, delay_s)) as url:
+        yield url
+
+
+@contextmanager
+def cut_off_while(upstream: str, cut: Callable[[], bool]) -> Iterator[str]:
+    """The URL of a proxy to ``upstream`` that, while ``cut()`` is true, forwards nothing and closes each
+    connection unanswered: the store out of reach of this client, then back."""
+    with serving(_handler(upstream, frozenset(), refuse=cut)) as url:
         yield url

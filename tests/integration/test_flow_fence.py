@@ -7,14 +7,17 @@ through the same fence; an operator's rollback ends both, and neither writes the
 from __future__ import annotations
 
 import socket
+import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import boto3
 import httpx
 import pytest
 
-from revgate.flows.route_owner import Heartbeat, RouteOwner, RouteTakenOver
+from revgate.flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.rollout import Bake, RolloutPlan, SetWeight
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
@@ -22,6 +25,7 @@ from revgate.manifests.route_change import canary, successor
 from revgate.registry.route_store import open_route_store
 from revgate.serving.worker.engine import free_port
 from tests.integration.commands import revgate
+from tests.integration.s3_proxy import cut_off_while
 from tests.integration.test_flow_lock import spec as lock_spec
 
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
@@ -241,3 +245,52 @@ def test_a_rollback_wins_over_a_rollout_renewing_every_quarter_second_in_10_of_1
     capsys.readouterr()
     print(f"rollback against a live heartbeat: 10 of 10 landed, slowest {max(took):.3f} s, "
           f"median {sorted(took)[5]:.3f} s")
+
+
+def test_a_controller_cut_from_its_store_past_the_lease_stops_the_rollout_and_never_serves_the_candidate_again(
+    tmp_path: Path, s3_endpoint: str
+) -> None:
+    # The defect: a controller that could not reach the route store for longer than the lease (a partition,
+    # a store outage) renewed the candidate's lapsed lease once it could write again. The routers had sent its
+    # traffic to stable meanwhile; the renewal put the candidate back in front of users with a gap no gate saw,
+    # and the canary went on as though nothing had happened.
+    bucket = f"routes-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    cut, asked = threading.Event(), []
+
+    def out_of_reach() -> bool:
+        asked.append(cut.is_set())  # every request the controller sends the store, and whether it was cut off
+        return cut.is_set()
+
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)], lease_seconds=10, lease_renew_seconds=1)
+    with cut_off_while(s3_endpoint, out_of_reach) as proxy:
+        spec = fenced_spec(tmp_path, "partition", plan).model_copy(
+            update={"route_store": f"s3://{bucket}/prod?endpoint_url={proxy}"})
+        direct = open_route_store(f"s3://{bucket}/prod?endpoint_url={s3_endpoint}")  # what the routers read
+        first = RouteSnapshot(route="partition", generation=1, stable=STABLE, created_by="seed",
+                              created_at=datetime.now(UTC))
+        direct.write(first)
+        owner = RouteOwner(spec, first.generation)
+        now = datetime.now(UTC)
+        owner.commit(lambda current: successor(current, by="flow", now=now,
+                                               candidate=canary(CANDIDATE, 500_000, now, 3)))
+        with Heartbeat(owner, lease_seconds=3, period_s=0.5, by="flow") as heartbeat:
+            wait_for(lambda: heartbeat.renewals >= 2)
+            cut.set()
+            held = direct.read("partition")
+            assert held is not None and held.candidate is not None
+            # The lease runs out while the controller cannot write: every router sends to stable from then on.
+            wait_for(lambda: datetime.now(UTC) > held.candidate.lease_expires_at + timedelta(seconds=1))  # type: ignore[union-attr]
+            before = direct.read("partition")
+            cut.clear()  # the store is back
+            wait_for(lambda: bool(owner.fault), timeout_s=30)
+            renewals, answered = heartbeat.renewals, asked.count(False)
+            # Several more beats read the store, which answers now: none may renew the lapsed lease.
+            wait_for(lambda: asked.count(False) >= answered + 6)
+            assert heartbeat.renewals == renewals
+    after = direct.read("partition")
+    assert after == before, "the lapsed candidate was renewed once the store was back"
+    assert after.candidate is not None and after.candidate.lease_expires_at < datetime.now(UTC)
+    assert owner.fault.startswith("the candidate's lease ran out at") and "sent its traffic to stable" in owner.fault
+    with pytest.raises(RolloutStopped, match="lease ran out"):
+        owner.stop_if_ended()  # the flow's next wait or step ends the rollout and routes back to stable

@@ -8,7 +8,7 @@ import pytest
 
 from revgate.manifests.rollout import RolloutPlan, SetWeight
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
-from revgate.manifests.route_change import canary, successor
+from revgate.manifests.route_change import canary, mirror, successor
 from revgate.promotion.capacity import (
     RevisionCapacity,
     check_capacity,
@@ -20,7 +20,7 @@ from revgate.promotion.capacity import (
 )
 from revgate.promotion.fleet import merge_capacity
 from revgate.promotion.machine import StepApplied, TransitionRefused, advance, commit_refused, start
-from revgate.promotion.ownership import decision_of, drainable, lease_end, takeover
+from revgate.promotion.ownership import decision_of, drainable, lapsed_lease, lease_end, takeover
 from revgate.rollback.plan import revert_to, rollback_snapshot
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -52,6 +52,19 @@ def test_drain_only_what_no_router_may_send_to() -> None:
     assert drainable([leased], urls, NOW + timedelta(seconds=61)) == list(CANDIDATE.endpoints)
     assert lease_end(leased, CANDIDATE.endpoints) == NOW + timedelta(seconds=60)
     assert lease_end(leased, STABLE.endpoints) is None
+
+
+def test_a_lease_that_ran_out_before_its_renewal_ends_the_rollout_instead_of_serving_it_again() -> None:
+    other = RevisionTarget(fingerprint="sha256:" + "3" * 64, endpoints=("http://127.0.0.1:8003",))
+    leased = successor(FIRST, by="flow", now=NOW, candidate=canary(CANDIDATE, 500_000, NOW, 20),
+                       shadow=mirror(other, 100_000, NOW, 30))
+    assert lapsed_lease(leased, NOW + timedelta(seconds=19)) is None  # renewed in time: the rollout holds it
+    why = lapsed_lease(leased, NOW + timedelta(seconds=23))
+    assert why is not None and why.startswith("the candidate's lease ran out at 2026-11-29T10:00:20+00:00 (3.0 s")
+    assert "sent its traffic to stable" in why
+    shadow_only = successor(FIRST, by="flow", now=NOW, shadow=mirror(CANDIDATE, 100_000, NOW, 30))
+    assert (lapsed_lease(shadow_only, NOW + timedelta(seconds=31)) or "").startswith("the shadow's lease ran out")
+    assert lapsed_lease(FIRST, NOW + timedelta(days=1)) is None  # stable alone holds no lease
 
 
 def test_a_retired_stable_that_another_route_still_names_is_not_drained() -> None:
