@@ -434,7 +434,7 @@ def main() -> int:
         os.environ.setdefault(name, value)
     sweep_stale(run_prefix())
     root = Path(tempfile.mkdtemp(prefix="revgate-faults-"))
-    network = Network.create(run_prefix(), (*HOST_NAMES, "users"), root)
+    network = Network.create(run_prefix(), HOST_NAMES, root)
     dead: list[dict[str, Any]] = []
     unretried: list[dict[str, Any]] = []
     partitioned: list[dict[str, Any]] = []

@@ -61,6 +61,7 @@ class RouteOwner:
         self.fault = ""  # why a watch stopped the rollout
         self.wake = threading.Event()  # any of these: a waiting flow stops waiting
         self._lock = threading.Lock()  # the heartbeat and the flow write one at a time
+        self._unconfirmed: RouteSnapshot | None = None  # a write whose call failed: it may still have landed
 
     def cancel(self) -> None:
         """Mark the rollout cancelled; the flow notices at its next wait or step."""
@@ -104,6 +105,9 @@ class RouteOwner:
             except RouteConflict:
                 self._owned()  # someone wrote between our read and our write: that raises
                 raise
+            except Exception:
+                self._unconfirmed = proposed  # every answer lost is not a write lost: the next read decides
+                raise
             self.generation = proposed.generation
             return proposed
 
@@ -111,6 +115,7 @@ class RouteOwner:
         if self.lost is not None:
             raise RouteTakenOver(self.lost, self.spec.route)
         current = steps.current_route(self.spec)
+        self._confirm(current)
         taken = takeover(current, self.generation)
         if taken is not None:
             self.lost = taken
@@ -118,6 +123,18 @@ class RouteOwner:
             self.wake.set()
             raise RouteTakenOver(taken, self.spec.route)
         return current
+
+
+    def _confirm(self, current: RouteSnapshot) -> None:
+        """Take back a write whose call failed if it landed after all (a stalled store, lost answers):
+        the generation holding exactly its bytes is this rollout's own, never another writer's."""
+        written, self._unconfirmed = self._unconfirmed, None
+        if written is None or current.generation < written.generation or self.generation != written.generation - 1:
+            return
+        if steps.route_generation(self.spec, written.generation) == written.canonical():
+            log.warning("route %s: generation %d, whose write had no answer, landed: it is this rollout's own",
+                        self.spec.route, written.generation)
+            self.generation = written.generation
 
 
 class Heartbeat:
@@ -133,6 +150,7 @@ class Heartbeat:
         self.cancelled = cancelled  # asked once per beat: was the flow run cancelled?
         self.watches = tuple(watches)  # asked once per beat: must the rollout stop?
         self.renewals = 0
+        self.failing = 0  # beats in a row whose renewal failed
         self._stop = threading.Event()
         self._probe: threading.Thread | None = None
         # A copy of the caller's context: Prefect's settings and run context travel with it.
@@ -171,6 +189,18 @@ class Heartbeat:
             return  # the rollout is ending: its leases are left to run out
         if self.owner.commit(self._renewed) is not None:
             self.renewals += 1
+        if self.failing:
+            log.warning("lease renewal works again after %d failed beats", self.failing)
+        self.failing = 0
+
+    def _failed(self, error: Exception) -> None:
+        """A renewal that failed: the first of a run with its traceback, the rest one line each, so an
+        outage of the store reads as one event, not a wall of tracebacks."""
+        self.failing += 1
+        if self.failing == 1:
+            log.exception("lease renewal failed; retrying every %g s", self.period_s)
+        else:
+            log.warning("lease renewal failed again (%d in a row): %s", self.failing, error)
 
     def _look(self) -> None:
         for watch in self.watches:
@@ -216,7 +246,7 @@ class Heartbeat:
             except RouteTakenOver as taken:
                 log.warning("lease heartbeat stops: %s", taken)
                 return
-            except Exception:  # a store or router hiccup: the next beat tries again within the lease
-                log.exception("lease renewal failed; retrying in %.0f s", self.period_s)
+            except Exception as error:  # a store or router hiccup: the next beat tries again within the lease
+                self._failed(error)
             self._probe_cancel()
             self._look()

@@ -284,6 +284,14 @@ def _router_call(spec: PromotionSpec, admin_url: str, path: str, method: str) ->
         return None
 
 
+def route_generation(spec: PromotionSpec, generation: int) -> bytes | None:
+    """The committed bytes of the route's ``generation`` (None when it was never committed)."""
+    for snapshot in open_route_store(spec.route_store).back(spec.route):
+        if snapshot.generation <= generation:
+            return snapshot.canonical() if snapshot.generation == generation else None
+    return None
+
+
 def commit_route(spec: PromotionSpec, snapshot: RouteSnapshot) -> None:
     """Compare-and-swap the snapshot into the store, then tell every router to read it now.
 

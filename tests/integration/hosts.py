@@ -38,7 +38,8 @@ from typing import Any
 
 from revgate.flows.processes import Placement
 
-HOST_NAMES = ("control", "prefect", "ledger", "store", "gpu-1", "gpu-2", "edge-1", "edge-2")
+# `users` sends the users' traffic and watches the route where a test cuts `control` from everything.
+HOST_NAMES = ("control", "prefect", "ledger", "store", "gpu-1", "gpu-2", "edge-1", "edge-2", "users")
 SUBNET = "198.18.0"  # a /24 inside 198.18.0.0/15 (RFC 2544: network tests), on the veths only
 NETNS_DIR = Path("/run/netns")
 OWNED = re.compile(r"^rg(?P<pid>\d+)-")

@@ -41,12 +41,24 @@ def roll_out(session: DemoSession, candidate: str, exit_code: int) -> tuple[list
     log = session.root / "logs" / f"{candidate}.log"
     done = session.rollout(candidate, log=log)
     output = log.read_text(encoding="utf-8")
-    assert done.code == exit_code, output[-3000:]
+    client = MlflowClient(done.spec.tracking_uri)
+    assert done.code == exit_code, output[-3000:] + gates_of_last_report(client, session.root / "failed")
     decision = "promoted" if exit_code == 0 else "rolled_back"
     assert f"decision: {decision}" in output, output[-3000:]
     history = store.history(ROUTE)
     started = max(s.generation for s in history if s.created_at.timestamp() <= done.started_s)
-    return [s for s in history if s.generation >= started], MlflowClient(done.spec.tracking_uri)
+    return [s for s in history if s.generation >= started], client
+
+
+def gates_of_last_report(client: MlflowClient, folder: Path) -> str:
+    """The last gate report's verdict per gate, with its reason: what a wrong decision is read from."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        name, report = last_report(client, folder)
+    except Exception as error:  # the failure message must not hide the failure itself
+        return f"\n(no gate report to show: {error!r})"
+    lines = [f"{gate['gate']}: {gate['outcome']} ({gate.get('reason', '')})" for gate in report["gates"]]
+    return f"\n{name}: {report['outcome']}\n" + "\n".join(lines) + "\nnotes: " + " | ".join(report["notes"])
 
 
 def test_a_slower_revision_is_rolled_back_by_a_latency_or_slo_gate(session: DemoSession, tmp_path: Path) -> None:

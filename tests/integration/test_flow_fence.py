@@ -20,12 +20,12 @@ import pytest
 from revgate.flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
 from revgate.flows.spec import PromotionSpec
 from revgate.manifests.rollout import Bake, RolloutPlan, SetWeight
-from revgate.manifests.route import RevisionTarget, RouteSnapshot
+from revgate.manifests.route import RevisionTarget, RouteSnapshot, RouteStore
 from revgate.manifests.route_change import canary, successor
 from revgate.registry.route_store import open_route_store
 from revgate.serving.worker.engine import free_port
 from tests.integration.commands import revgate
-from tests.integration.s3_proxy import cut_off_while
+from tests.integration.s3_proxy import cut_off_while, losing_answers
 from tests.integration.test_flow_lock import spec as lock_spec
 
 STABLE = RevisionTarget(fingerprint="sha256:" + "1" * 64, endpoints=("http://127.0.0.1:8001",))
@@ -49,6 +49,21 @@ def wait_for(condition: object, timeout_s: float = 30) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.1)
+
+
+def canary_behind(proxy: str, s3_endpoint: str, bucket: str, spec: PromotionSpec, lease_s: int,
+                  ) -> tuple[RouteOwner, RouteStore]:
+    """The spec's route seeded in ``bucket`` and its canary committed by a rollout that reaches the store
+    through ``proxy``; the rollout's owner, and the store as the routers read it (directly)."""
+    spec = spec.model_copy(update={"route_store": f"s3://{bucket}/prod?endpoint_url={proxy}"})
+    direct = open_route_store(f"s3://{bucket}/prod?endpoint_url={s3_endpoint}")
+    first = RouteSnapshot(route=spec.route, generation=1, stable=STABLE, created_by="seed",
+                          created_at=datetime.now(UTC))
+    direct.write(first)
+    owner, now = RouteOwner(spec, first.generation), datetime.now(UTC)
+    owner.commit(lambda current: successor(current, by="flow", now=now,
+                                           candidate=canary(CANDIDATE, 500_000, now, lease_s)))
+    return owner, direct
 
 
 def test_heartbeat_renews_through_the_fence_and_an_operator_rollback_ends_it(tmp_path: Path) -> None:
@@ -248,7 +263,7 @@ def test_a_rollback_wins_over_a_rollout_renewing_every_quarter_second_in_10_of_1
 
 
 def test_a_controller_cut_from_its_store_past_the_lease_stops_the_rollout_and_never_serves_the_candidate_again(
-    tmp_path: Path, s3_endpoint: str
+    tmp_path: Path, s3_endpoint: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The defect: a controller that could not reach the route store for longer than the lease (a partition,
     # a store outage) renewed the candidate's lapsed lease once it could write again. The routers had sent its
@@ -264,16 +279,7 @@ def test_a_controller_cut_from_its_store_past_the_lease_stops_the_rollout_and_ne
 
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)], lease_seconds=10, lease_renew_seconds=1)
     with cut_off_while(s3_endpoint, out_of_reach) as proxy:
-        spec = fenced_spec(tmp_path, "partition", plan).model_copy(
-            update={"route_store": f"s3://{bucket}/prod?endpoint_url={proxy}"})
-        direct = open_route_store(f"s3://{bucket}/prod?endpoint_url={s3_endpoint}")  # what the routers read
-        first = RouteSnapshot(route="partition", generation=1, stable=STABLE, created_by="seed",
-                              created_at=datetime.now(UTC))
-        direct.write(first)
-        owner = RouteOwner(spec, first.generation)
-        now = datetime.now(UTC)
-        owner.commit(lambda current: successor(current, by="flow", now=now,
-                                               candidate=canary(CANDIDATE, 500_000, now, 3)))
+        owner, direct = canary_behind(proxy, s3_endpoint, bucket, fenced_spec(tmp_path, "partition", plan), 3)
         with Heartbeat(owner, lease_seconds=3, period_s=0.5, by="flow") as heartbeat:
             wait_for(lambda: heartbeat.renewals >= 2)
             cut.set()
@@ -294,3 +300,61 @@ def test_a_controller_cut_from_its_store_past_the_lease_stops_the_rollout_and_ne
     assert owner.fault.startswith("the candidate's lease ran out at") and "sent its traffic to stable" in owner.fault
     with pytest.raises(RolloutStopped, match="lease ran out"):
         owner.stop_if_ended()  # the flow's next wait or step ends the rollout and routes back to stable
+    # The outage reads as one event in the flow's log: one traceback, then a line per failed beat.
+    failed = [r for r in caplog.records if r.getMessage().startswith("lease renewal failed")]
+    assert failed and [r.exc_info is not None for r in failed] == [True] + [False] * (len(failed) - 1), [
+        r.getMessage() for r in failed]
+
+
+def test_a_renewal_that_landed_while_its_every_answer_was_lost_is_the_rollouts_own_not_a_takeover(
+    tmp_path: Path, s3_endpoint: str
+) -> None:
+    # The defect: a renewal's write reached the store, but every attempt's answer was lost (a store that
+    # stalls, a link that drops replies), so the call failed and the owner kept its older generation. At
+    # the next beat it read its own write back as another writer's and ended the rollout as taken over.
+    bucket = f"routes-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    losing, lost = threading.Event(), []
+
+    def lose_history_puts(method: str, path: str) -> bool:
+        if losing.is_set() and method == "PUT" and "/history/" in path:
+            lost.append(path)
+            return True
+        return False
+
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)], lease_seconds=30, lease_renew_seconds=1)
+    with losing_answers(s3_endpoint, lose_history_puts) as proxy:
+        owner, direct = canary_behind(proxy, s3_endpoint, bucket, fenced_spec(tmp_path, "stalled", plan), 30)
+        with Heartbeat(owner, lease_seconds=30, period_s=0.25, by="flow") as heartbeat:
+            wait_for(lambda: heartbeat.renewals >= 2)
+            renewals = heartbeat.renewals
+            losing.set()
+            wait_for(lambda: heartbeat.failing >= 1)  # one renewal's every attempt went unanswered
+            losing.clear()
+            wait_for(lambda: heartbeat.renewals >= renewals + 3 or owner.lost is not None)
+    assert len(lost) >= 2, lost  # a write retried, each attempt's answer lost
+    assert owner.lost is None, f"the rollout took its own landed write for a takeover: {owner.lost}"
+    newest = direct.read("stalled")
+    assert newest is not None and newest.generation == owner.generation and newest.created_by == "flow"
+    assert all(s.created_by == "flow" for s in direct.history("stalled")[1:])
+
+
+def test_a_failed_write_that_never_landed_leaves_another_writers_generation_a_takeover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other side of taking back a write with no answer: only this rollout's own bytes are its own.
+    spec = fenced_spec(tmp_path, "lost", RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)]))
+    first = seeded(tmp_path, "lost")
+    owner, now = RouteOwner(spec, first.generation), datetime.now(UTC)
+
+    def unanswered(*_: object) -> None:
+        raise ConnectionError("no answer from the route store")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("revgate.flows.steps.commit_route", unanswered)  # the write never reached the store
+        with pytest.raises(ConnectionError):
+            owner.commit(lambda current: successor(current, by="flow", now=now,
+                                                   candidate=canary(CANDIDATE, 500_000, now, 30)))
+    open_route_store(spec.route_store).write(successor(first, by="oncall", now=now))  # generation 2: not ours
+    with pytest.raises(RouteTakenOver, match="aborted by oncall at generation 2"):
+        owner.check()

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -51,7 +52,7 @@ from revgate.registry.store import open_store
 from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 from revgate.zoo.index import load_revisions
-from tests.integration.hosts import Host, Network, namespaces, pid_gone, run_prefix, sweep_stale
+from tests.integration.hosts import HOST_NAMES, Host, Network, namespaces, pid_gone, run_prefix, sweep_stale
 from tests.integration.rollout_estate import WARM, OpenLoop, Sent, wait_until, write_site
 
 pytestmark = pytest.mark.servers
@@ -83,7 +84,7 @@ def http_server(host: Host, address: str) -> Iterator[int]:
 
 def test_hosts_reach_each_other_by_address_only_and_a_cut_parts_two_hosts_and_no_others(hosts: Network) -> None:
     control, store, edge = hosts["control"], hosts["store"], hosts["edge-1"]
-    assert len({host.address for host in hosts.hosts.values()}) == 8
+    assert len({host.address for host in hosts.hosts.values()}) == len(HOST_NAMES)
     assert all(host.address.startswith("198.18.") for host in hosts.hosts.values())
     with http_server(store, store.address) as on_store, http_server(control, control.address) as on_control, \
             http_server(edge, "127.0.0.1") as on_loopback:
@@ -294,10 +295,10 @@ class Edge:
         answer.raise_for_status()
         return dict(answer.json())
 
-    def store_unavailable(self) -> int:
-        """How often its polls found the route store unreachable (from its /metrics)."""
+    def store_unavailable(self, route: str = ROUTE) -> int:
+        """How often its polls of ``route`` found the route store unreachable (from its /metrics)."""
         text = httpx.get(f"{self.admin}/metrics", timeout=10).text
-        found = re.search(r'^revgate_router_store_unavailable_total\{route="' + ROUTE + r'"\} (\d+)$', text, re.M)
+        found = re.search(r'^revgate_router_store_unavailable_total\{route="' + route + r'"\} (\d+)$', text, re.M)
         return int(found.group(1)) if found else 0
 
 
@@ -396,8 +397,10 @@ FLEET = "fleet"
 RUN_S = 1500  # one rollout on a busy two-core machine: two candidate replicas load and warm, shadow, canary
 SUBMITTED = re.compile(r"\(([0-9a-f-]{36})\) submitted to promote/promote-revision")
 APPROVER = "rm@example.com"
-FLEET_LEASE_S = 30  # a lease renewed every 10 s: a Prefect outage of two minutes spans twelve renewals
-PREFECT_OUTAGE_S = 120
+FLEET_LEASE_S = 30  # a lease renewed every 10 s: a Prefect outage of 75 s spans seven renewals
+# Longer than the route lock's shortest lease (60 s, Prefect's floor), so the lock's lease ends while Prefect
+# is away and the flow must take it again once Prefect is back.
+PREFECT_OUTAGE_S = 75
 
 
 class PrefectHost:
@@ -630,7 +633,7 @@ def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect
     print("users per router:", counts)
     assert all(c["sent"] > 0 and c["failed"] == 0 and c["off_route"] == 0 for c in counts.values()), counts
 
-    # Prefect down for two minutes of the approval pause: the leases were renewed all along, nothing else moved,
+    # Prefect down for 75 s of the approval pause: the leases were renewed all along, nothing else moved,
     # and the run went on to its promotion once Prefect was back.
     assert len(during) >= PREFECT_OUTAGE_S // (FLEET_LEASE_S // 3) - 2, [s.generation for s in during]
     away, back = printed.find("the Prefect API is away"), printed.find("the Prefect API is back")
@@ -709,6 +712,198 @@ def failed_after(loop: OpenLoop, moment: float) -> list[Sent]:
     return [item for item in loop.failed() if item.sent_s > moment]
 
 
+PARTITION = "partition"
+PARTITION_LEASE_S = 20
+STORE_SILENT_S = 30  # the store answers nothing for this long
+SILENT_LEASE_S = 90  # a lease that outlives it
+
+
+def faults_spec(plane: Plane, route: str, edges: Sequence[Edge], services: Services, *, plan: RolloutPlan,
+                workers: Sequence[str]) -> PromotionSpec:
+    """A rollout of ``improved`` on ``route`` from control, by the routers on ``edges``, on the agents of
+    ``workers`` (gpu host names), approved by the plan alone."""
+    routes, records = f"s3://routes/{route}?endpoint_url={plane.s3}", f"s3://records/{route}?endpoint_url={plane.s3}"
+    first, *more = edges
+    return PromotionSpec(
+        route=route, candidate_manifest=plane.digests["improved"], candidate_name="improved",
+        artifact_store="s3://artifacts/zoo", route_store=routes,
+        signature=SignaturePolicySpec(kind="key", public_key=TRUST), execution=EXECUTION, warm=WARM,
+        gate_policy=demo_policy(), plan=plan, worker_url=plane.agents[workers[0]],
+        more_workers=tuple(plane.agents[name] for name in workers[1:]), worker_token_file=AGENT_TOKEN,
+        router_url=first.public, router_admin_url=first.admin, more_routers=tuple(edge.admin for edge in more),
+        router_sync_s=60, router_admin_token_file=ADMIN_TOKEN, records_sink=records,
+        record_signers={edge.name: edge.signer for edge in edges}, trace="trace.jsonl",
+        tracking_uri=services.tracking, evidence_root="evidence", approval="auto")
+
+
+def canary_of(store: RouteStore, route: str, after: int = 0) -> RouteSnapshot | None:
+    """The route, once a generation after ``after`` routes a share to a candidate."""
+    now = store.read(route)
+    return now if now is not None and now.generation > after and now.candidate is not None else None
+
+
+def on_stable_since(loop: OpenLoop, stable: str, moment: float, count: int = 5) -> bool:
+    """Whether the last ``count`` requests answered among those sent after ``moment`` were all stable's."""
+    tail = answered(loop)
+    tail = [item for item in tail if item.sent_s > moment][-count:]
+    return len(tail) == count and all(item.revision == stable for item in tail)
+
+
+@contextmanager
+def frozen(host: Host) -> Iterator[None]:
+    """Every process on ``host`` stopped (SIGSTOP) for the block, then let go on (SIGCONT): its connections
+    are accepted and held, nothing is answered, and what was asked meanwhile is done once it goes on."""
+    pids = host.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def store_silent_for(store_host: Host, store: RouteStore, edges: Sequence[Edge], users: dict[str, OpenLoop], *,
+                     stable: str, candidate: str) -> tuple[float, float]:
+    """The store answering nothing for ``STORE_SILENT_S`` mid-canary, then back. The routers serve their last
+    snapshot meanwhile (both revisions), and the rollout's renewals land once the store answers again.
+    When the silence began, and when a lease renewed past it was seen in the store."""
+    route = edges[0].health()["route"]
+    failed = {edge.name: edge.store_unavailable(route) for edge in edges}
+    with frozen(store_host):
+        silent_at = time.time()
+        # Each router's polls go unanswered, and it serves on from its snapshot: stable and the candidate.
+        wait_until(lambda: all(edge.store_unavailable(route) > failed[edge.name] for edge in edges),
+                   STORE_SILENT_S + 30, "every router's poll failing on the silent store")
+        wait_until(lambda: all(len(loop.served_by(candidate, silent_at)) >= 2 and len(loop.served_by(
+            stable, silent_at)) >= 2 for loop in users.values()), STORE_SILENT_S, "both revisions served meanwhile")
+        threading.Event().wait(max(0.0, silent_at + STORE_SILENT_S - time.time()))  # the fault's own length
+    back_at = time.time()
+
+    def renewed() -> RouteSnapshot | None:
+        now = store.read(route)
+        return now if now is not None and now.candidate is not None and now.candidate.fingerprint == candidate \
+            and now.candidate.lease_expires_at.timestamp() > back_at else None
+
+    wait_until(renewed, 60, "the rollout's lease renewed once the store answers again")
+    return silent_at, time.time()
+
+
+@contextmanager
+def promote_running(control: Host, argv: list[str], env: dict[str, str], log: str) -> Iterator[subprocess.Popen[Any]]:
+    """``argv`` (a ``revgate promote``) on control, its output in ``log`` there; killed if still running at the end."""
+    with (control.folder / log).open("w") as out:
+        process = control.popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(2400)
+def test_control_cut_from_every_host_mid_canary_leaves_stable_in_a_lease_then_a_new_rollout_rides_out_a_silent_store(
+    hosts: Network, plane: Plane, services: Services
+) -> None:
+    control, watcher = hosts["control"], hosts["users"]
+    token = (control.folder / AGENT_TOKEN).read_text().strip()
+    (control.folder / "trace.jsonl").touch()
+    plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=PARTITION_LEASE_S,
+                             lease_renew_seconds=1, rollback_window_seconds=0, replica_capacity_rps=Decimal("10"))
+    routes, records = f"s3://routes/{PARTITION}?endpoint_url={plane.s3}", f"s3://records/{PARTITION}?endpoint_url={plane.s3}"
+    # The test watches from the users' host: control, once cut, reaches no one and no one reaches it.
+    with watcher.network():
+        stable = clean_slate(plane, token)
+        store = open_route_store(routes)
+        store.write(RouteSnapshot(route=PARTITION, generation=1, stable=stable, created_by="seed",
+                                  created_at=datetime.now(UTC), reveal_revision=True))
+        with edge_router(hosts["edge-1"], routes, records, PARTITION, control=control) as one, \
+                edge_router(hosts["edge-2"], routes, records, PARTITION, control=control) as two:
+            spec = faults_spec(plane, PARTITION, (one, two), services, plan=plan, workers=["gpu-1"])
+            (control.folder / "partition.json").write_text(spec.model_dump_json(indent=1))
+            env = control_env(control, plane, services)
+            write_site(control.folder / "site.json", [spec])  # what the operator's `revgate rollback` reads
+            promote = [sys.executable, "-m", "revgate.cli.main", "promote", "partition.json"]
+            users = {edge.name: OpenLoop(edge.public, rate=2.0) for edge in (one, two)}
+            with users[one.name].running(), users[two.name].running():
+                with promote_running(control, promote, env, "partition-1.out") as flow:
+                    at_half = wait_until(lambda: canary_of(store, PARTITION), 900, "the canary at 50%")
+                    assert at_half.candidate is not None
+                    candidate = at_half.candidate.fingerprint
+                    wait_until(lambda: all(len(loop.served_by(candidate)) >= 3 for loop in users.values()), 120,
+                               "the candidate serving through both edges")
+                    control.cut()
+                    cut_at = time.time()
+                    try:
+                        held = store.read(PARTITION)  # the controller's last renewal before the cut
+                        assert held is not None and held.candidate is not None
+                        expires = held.candidate.lease_expires_at.timestamp()
+                        assert expires - cut_at <= PARTITION_LEASE_S + 1, (cut_at, held.candidate)
+                        # Nobody tells the routers: each reverts to stable once the lease it holds runs out.
+                        wait_until(lambda: all(on_stable_since(loop, stable.fingerprint, expires + 2)
+                                               for loop in users.values()), PARTITION_LEASE_S + 90,
+                                   "every edge sending new requests to stable after the lease")
+                        assert store.read(PARTITION) == held  # nothing reached the store from control
+                    finally:
+                        control.heal()
+                    healed_at = time.time()
+                    code = flow.wait(600)
+                    first_out = (control.folder / "partition-1.out").read_text(errors="replace")
+                    # It decided while cut (its replica watch heard from no agent for a lease) or once healed
+                    # (its lease had run out): either way it ended its rollout, and routed back to stable.
+                    assert code == 3 and "rollout stopped: " in first_out, first_out[-4000:]
+                after_first = store.read(PARTITION)
+                assert after_first is not None
+                # Once healed, the route is free: a new rollout takes the lock and routes its own canary, with a
+                # lease that outlives the store's silence to come.
+                longer = plan.model_copy(update={"lease_seconds": SILENT_LEASE_S})
+                (control.folder / "partition-2.json").write_text(
+                    spec.model_copy(update={"plan": longer}).model_dump_json(indent=1))
+                with promote_running(control, [*promote[:-1], "partition-2.json"], env, "partition-2.out") as second:
+                    again = wait_until(lambda: canary_of(store, PARTITION, after_first.generation), 900,
+                                       "the second rollout's canary")
+                    wait_until(lambda: all(len(loop.served_by(candidate, again.created_at.timestamp())) >= 3
+                                           for loop in users.values()), 120, "the second canary serving")
+                    silent_at, renewed_at = store_silent_for(hosts["store"], store, (one, two), users,
+                                                             stable=stable.fingerprint, candidate=candidate)
+                    assert second.poll() is None, "the rollout ended while the store was silent"
+                    operator = control.run([sys.executable, "-m", "revgate.cli.main", "rollback", "--routes", routes,
+                                            "--route", PARTITION, "--created-by", "oncall", "--notify", one.admin,
+                                            "--notify", two.admin, "--admin-token-file", ADMIN_TOKEN], env=env,
+                                           timeout=120)
+                    assert operator.returncode == 0, operator.stdout + operator.stderr
+                    second_code = second.wait(600)
+                    second_out = (control.folder / "partition-2.out").read_text(errors="replace")
+                    assert second_code == 3 and "aborted by oncall" in second_out, second_out[-4000:]
+            history = list(store.history(PARTITION))
+
+    counts = {name: {"sent": len(loop.sent), "failed": len(loop.failed()),
+                     "off_route": len(loop.off_route(history))} for name, loop in users.items()}
+    last_candidate = max(item.sent_s for loop in users.values() for item in loop.served_by(candidate)
+                         if item.sent_s < healed_at)
+    print(f"users per router: {counts}; the cut's candidate last served a request sent "
+          f"{last_candidate - cut_at:.2f} s after the cut (lease {PARTITION_LEASE_S} s, "
+          f"{expires - cut_at:.2f} s of it left at the cut); the store silent {STORE_SILENT_S} s, a renewed lease "
+          f"seen {renewed_at - silent_at - STORE_SILENT_S:.2f} s after it answered again")
+    # No user's request failed, none was served off the route, through the cut, both rollouts and the rollback.
+    assert all(c["sent"] > 0 and c["failed"] == 0 and c["off_route"] == 0 for c in counts.values()), counts
+    # Stable within one lease of the cut, and the cut's candidate never served again: not once healed either.
+    first_rollout_ends = again.created_at.timestamp()
+    assert all(item.sent_s <= expires + 2 for loop in users.values() for item in loop.served_by(candidate)
+               if item.sent_s < first_rollout_ends), "the candidate served past its lease"
+    assert history[-1].candidate is None and history[-1].stable == stable and history[-1].created_by == "oncall"
+    client = MlflowClient(services.tracking)
+    runs = client.search_runs([client.get_experiment_by_name(f"revgate/{PARTITION}").experiment_id],
+                              order_by=["attributes.start_time ASC"])
+    assert [run.data.tags.get("revgate.decision") for run in runs] == ["rolled_back", "rolled_back"], [
+        run.data.tags for run in runs]
+    left = WorkerClient(plane.agents["gpu-1"], token).replicas()
+    assert "ready" in [r["state"] for r in left if r["revision"] == stable.fingerprint]  # stable stayed ready
+    assert not [r for r in left if r["revision"] == candidate and r["state"] == "ready"], left  # both drained
+
+
 @pytest.mark.engine
 @pytest.mark.timeout(1800)
 def test_a_gpu_host_killed_mid_canary_costs_no_request_and_a_candidate_no_agent_can_vouch_for_rolls_back(
@@ -727,16 +922,8 @@ def test_a_gpu_host_killed_mid_canary_costs_no_request_and_a_candidate_no_agent_
             plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Bake(seconds=900)], lease_seconds=20,
                                      lease_renew_seconds=1, rollback_window_seconds=0, candidate_replicas=2,
                                      replica_capacity_rps=Decimal("10"))
-            spec = PromotionSpec(
-                route=FAULTS, candidate_manifest=plane.digests["improved"], candidate_name="improved",
-                artifact_store="s3://artifacts/zoo", route_store=routes,
-                signature=SignaturePolicySpec(kind="key", public_key=TRUST), execution=EXECUTION, warm=WARM,
-                gate_policy=demo_policy(), plan=plan, worker_url=plane.agents["gpu-1"],
-                more_workers=(plane.agents["gpu-2"],), worker_token_file=AGENT_TOKEN, router_url=one.public,
-                router_admin_url=one.admin, more_routers=(two.admin,), router_sync_s=60,
-                router_admin_token_file=ADMIN_TOKEN, records_sink=records,
-                record_signers={edge.name: edge.signer for edge in (one, two)}, trace="trace.jsonl",
-                tracking_uri=services.tracking, evidence_root="evidence", approval="auto")
+            spec = faults_spec(plane, FAULTS, (one, two), services, plan=plan,
+                               workers=["gpu-1", "gpu-2"])
             (control.folder / "faults.json").write_text(spec.model_dump_json(indent=1))
             env = control_env(control, plane, services)
             users = {edge.name: OpenLoop(edge.public, rate=2.0) for edge in (one, two)}

@@ -1,7 +1,8 @@
 """`revgate demo` as a user types it, end to end on the embedded default: real Prefect, worker, vLLM,
 router, MLflow. `improved` must go through shadow, approval and canary to promotion, with the MLflow
-alias moved to it, and the demo must stay up for its tour; a SIGTERM mid-rollout must stop everything
-it started. The other candidates' decisions are in test_demo_rollouts.py, on one shared demo session.
+alias moved to it, and the demo must stay up for its tour; a SIGTERM in its shadow stage, its approval
+pause or its tour after the decision must stop every process it started. The other candidates'
+decisions are in test_demo_rollouts.py, on one shared demo session.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Output:
 
     def __init__(self, process: subprocess.Popen[str]) -> None:
         self.lines: list[str] = []
+        self.ended = False  # the process closed its output
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, args=(process,), daemon=True).start()
 
@@ -60,6 +62,7 @@ class Output:
             self.lines.append(line)
             self._queue.put(line)
         self._queue.put(None)
+        self.ended = True
 
     def wait_for(self, pattern: re.Pattern[str], deadline: float, what: str) -> re.Match[str]:
         """The first line from here on that matches; fails at the deadline or when the output ends first."""
@@ -126,7 +129,8 @@ class Approved:
 def approved_in_the_ui_and_stays_up(zoo_dir: Path, state: Path, folder: Path) -> tuple[str, Approved]:
     """``revgate demo --approval ui`` left running after its decision: approved on the Prefect UI's Resume form
     in a headless Chromium, then its output up to the tour. Checks what the tour points at while it is up,
-    then stops the demo with Ctrl-C (SIGINT) and checks that nothing it served answers any more."""
+    then stops the demo with SIGTERM (as a CI job's end or a service manager does; Ctrl-C takes the same path,
+    tests/unit/test_demo_interrupt.py) and checks that nothing it served answers and no process it started runs."""
     deadline = time.monotonic() + 1500
     process = subprocess.Popen(demo_command(zoo_dir, state, "improved", "--approval", "ui"), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -154,13 +158,14 @@ def approved_in_the_ui_and_stays_up(zoo_dir: Path, state: Path, folder: Path) ->
         answer = httpx.post(f"{urls['router']}/v1/completions", json={"model": "demo", "prompt": "add 1+2=",
                                                                          "max_tokens": 4}, timeout=60)
         assert answer.status_code == 200
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)  # after the decision, in the tour
         assert process.wait(120) == 0
         for url in (urls["prefect"], urls["mlflow"], urls["router"]):
             with pytest.raises(httpx.HTTPError):
                 httpx.get(url, timeout=5)
     finally:
         kill_all(process)
+    assert_nothing_left(state)
     return "".join(output.lines), approved
 
 
@@ -215,37 +220,48 @@ def started_by(state: Path) -> list[int]:
     return found
 
 
-def test_a_sigterm_mid_rollout_stops_every_process_the_demo_started(zoo_dir: Path, tmp_path: Path) -> None:
+# Where a SIGTERM finds the demo before its decision: the line it waits for, and the demo's options. The
+# demo's handler is one for every stage (tests/unit/test_demo_interrupt.py); the tour after the decision is
+# stopped by SIGTERM in approved_in_the_ui_and_stays_up. One stage with engines loading and serving is enough
+# here: a second whole demo run (the approval pause) cost about three minutes of the suite for the same path.
+BEFORE_DECISION = {
+    "shadow stage": (re.compile(r"start-candidate.*Finished"), ("--exit",)),
+}
+
+
+@pytest.mark.parametrize("stage", list(BEFORE_DECISION))
+def test_a_sigterm_before_the_decision_stops_every_process_the_demo_started(
+    stage: str, zoo_dir: Path, tmp_path: Path
+) -> None:
     # The defect: SIGTERM outside the demo's last stage ended it at once (the default action), and its
     # Prefect server, worker agent, engines, router, users' traffic and promotion ran on with no parent.
+    waited, options = BEFORE_DECISION[stage]
     state = tmp_path / "demo"
-    process = subprocess.Popen(demo_command(zoo_dir, state, "improved", "--exit"), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    assert process.stdout is not None
-    watchdog = threading.Timer(900, kill_all, (process,))
-    watchdog.start()
-    lines: list[str] = []
+    process = subprocess.Popen(demo_command(zoo_dir, state, "improved", *options), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               start_new_session=True)
     try:
-        for line in process.stdout:  # until the rollout has started its candidate's replica
-            lines.append(line)
-            if "start-candidate" in line and "Finished" in line:
-                break
-        output = "".join(lines)
-        prefect = re.search(r"Prefect server at (http://\S+),", output)
-        assert prefect is not None and "start-candidate" in output, output[-3000:]
+        output = Output(process)
+        prefect = output.wait_for(re.compile(r"Prefect server at (http://\S+),"), time.monotonic() + 900,
+                                  "Prefect server")
+        output.wait_for(waited, time.monotonic() + 900, f"the {stage}")
         process.send_signal(signal.SIGTERM)  # to the demo alone, as a service manager sends it
-        rest = process.communicate(timeout=180)[0]
-        assert process.returncode == 130, rest[-3000:]
-        assert "interrupted; every process it started is stopped" in rest
+        assert process.wait(180) == 130, "".join(output.lines)[-3000:]
+        wait_until(lambda: output.ended, 30, "the demo's last output line")
+        assert "interrupted; every process it started is stopped" in "".join(output.lines)
     finally:
-        watchdog.cancel()
         kill_all(process)
 
+    assert_nothing_left(state)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{prefect.group(1)}/api/health", timeout=5)
+
+
+def assert_nothing_left(state: Path) -> None:
+    """No process the demo started (named by its state folder) runs once its grace periods have passed."""
     try:  # stopping a child may take its grace period: polled, with a deadline
         wait_until(lambda: not started_by(state), 60, "every process the demo started ended")
     finally:
         for pid in started_by(state):  # a failing run leaves nothing behind either
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"{prefect.group(1)}/api/health", timeout=5)
