@@ -24,7 +24,7 @@ from revgate.manifests.route import RouteSnapshot
 from revgate.registry.route_store import open_route_store
 from tests.integration.gate_reports import evidence_counts, last_report
 
-pytestmark = [pytest.mark.engine, pytest.mark.servers]
+pytestmark = [pytest.mark.engine, pytest.mark.servers, pytest.mark.gated]
 
 
 @pytest.fixture(scope="module")

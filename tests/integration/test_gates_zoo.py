@@ -31,7 +31,7 @@ from revgate.serving.worker.engine import EngineProcess, serve
 from revgate.zoo.evaluate import ZOO_EXECUTION
 from revgate.zoo.index import load_revisions
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.gated]
 
 REGRESSED = "family=sort,length=long"  # the zoo's slice-regressed revision down-weighted sort/long
 

@@ -42,7 +42,7 @@ from tests.integration.gate_reports import evidence_counts, gate, last_report
 from tests.integration.judge_server import judge_server, reference_task_judge
 from tests.integration.rollout_estate import WARM, Estate, estate
 
-pytestmark = [pytest.mark.engine, pytest.mark.servers]
+pytestmark = [pytest.mark.engine, pytest.mark.servers, pytest.mark.gated]
 
 SORT_LONG = {**{name: 0.0 for name in TASK_SLICES}, "sort/long": 1.0}  # users who only ask long sorts
 

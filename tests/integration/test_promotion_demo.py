@@ -29,7 +29,7 @@ from tests.integration.browser import answer_the_resume_form, browser_page, scre
 from tests.integration.gate_reports import evidence_counts, last_report
 from tests.integration.rollout_estate import wait_until
 
-pytestmark = [pytest.mark.engine, pytest.mark.servers]
+pytestmark = [pytest.mark.engine, pytest.mark.servers, pytest.mark.gated]
 
 
 def demo_command(zoo_dir: Path, state: Path, candidate: str, *more: str) -> list[str]:

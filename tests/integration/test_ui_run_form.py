@@ -29,7 +29,7 @@ from tests.integration.rollout_estate import Rollout, estate, rollout, wait_unti
 from tests.integration.test_deployment_rollout import site_of
 from tests.integration.test_deployments import deployed, revgate_env
 
-pytestmark = [pytest.mark.engine, pytest.mark.servers]
+pytestmark = [pytest.mark.engine, pytest.mark.servers, pytest.mark.gated]
 
 RELEASE_MANAGER = "rm@example.com"
 STRANGER = "mallory@example.com"

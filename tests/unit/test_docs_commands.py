@@ -437,11 +437,11 @@ def test_the_make_targets_the_docs_name_exist_and_run_revgate() -> None:
     assert targets["demo"] == ["$(PY) -m revgate.cli.main demo"]  # `make demo` is `revgate demo` after setup
     assert targets["test"] == ["bash .ci/test"]
     # `make test` runs every test under tests/: the unit tests, then the integration tests in two runs
-    # whose markers are complements (those with an engine, and all the others beside them).
+    # whose markers are complements (the gated rollouts, and all the others beside them).
     script = (ROOT / ".ci" / "test").read_text(encoding="utf-8")
     assert '"$PY" -m pytest -q tests/unit\n' in script
-    assert '"$PY" -m pytest -q tests/integration -m engine\n' in script
-    assert '"$PY" -m pytest -q tests/integration -m "not engine" ' in script
+    assert '"$PY" -m pytest -q tests/integration -m gated\n' in script
+    assert '"$PY" -m pytest -q tests/integration -m "not gated" ' in script
     assert {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"} <= {
         "unit", "integration", "data"}, "a test folder `make test` does not run"
 
