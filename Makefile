@@ -16,7 +16,7 @@ zoo: setup
 demo: setup
 	$(PY) -m revgate.cli.main demo
 
-# Every test: the reference zoo trains beside the unit tests, then the integration tests run alone.
+# Every test: the reference zoo trains beside the unit tests, then the integration tests in two phases (.ci/test).
 test: setup
 	bash .ci/test
 

@@ -29,7 +29,7 @@ from revgate.serving.worker.request import ReplicaRequest
 from tests.integration.rollout_estate import WARM, Estate, Rollout, estate, rollout, wait_until
 from tests.integration.test_deployments import ROOT, deployed, revgate_env, run_span
 
-pytestmark = [pytest.mark.engine, pytest.mark.servers, pytest.mark.gated]
+pytestmark = [pytest.mark.engine, pytest.mark.servers]
 
 PAUSED = re.compile(r"approve or reject at \S+/runs/flow-run/([0-9a-f-]{36})")
 

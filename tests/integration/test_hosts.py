@@ -326,7 +326,6 @@ def answered(traffic: OpenLoop, after: int = 0) -> list[Sent]:
 
 
 @pytest.mark.engine
-@pytest.mark.gated
 @pytest.mark.timeout(900)
 def test_an_edge_cut_from_the_store_serves_its_snapshot_and_catches_up_when_healed(
     hosts: Network, plane: Plane
@@ -805,7 +804,6 @@ def promote_running(control: Host, argv: list[str], env: dict[str, str], log: st
 
 
 @pytest.mark.engine
-@pytest.mark.gated
 @pytest.mark.timeout(2400)
 def test_control_cut_from_every_host_mid_canary_leaves_stable_in_a_lease_then_a_new_rollout_rides_out_a_silent_store(
     hosts: Network, plane: Plane, services: Services
@@ -908,7 +906,6 @@ def test_control_cut_from_every_host_mid_canary_leaves_stable_in_a_lease_then_a_
 
 
 @pytest.mark.engine
-@pytest.mark.gated
 @pytest.mark.timeout(1800)
 def test_a_gpu_host_killed_mid_canary_costs_no_request_and_a_candidate_no_agent_can_vouch_for_rolls_back(
     hosts: Network, plane: Plane, services: Services, tmp_path: Path

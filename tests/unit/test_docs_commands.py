@@ -436,12 +436,16 @@ def test_the_make_targets_the_docs_name_exist_and_run_revgate() -> None:
     assert named <= set(targets), f"make targets the docs show that the Makefile lacks: {named - set(targets)}"
     assert targets["demo"] == ["$(PY) -m revgate.cli.main demo"]  # `make demo` is `revgate demo` after setup
     assert targets["test"] == ["bash .ci/test"]
-    # `make test` runs every test under tests/: the unit tests, then the integration tests in two runs
-    # whose markers are complements (the gated rollouts, and all the others beside them).
+    # `make test` runs every test under tests/: the unit tests, then the integration tests in runs
+    # whose selections together are all of them: the engine tests not gated (split by file into two
+    # runs), the gated rollouts, and the tests that start no engine.
     script = (ROOT / ".ci" / "test").read_text(encoding="utf-8")
     assert '"$PY" -m pytest -q tests/unit\n' in script
-    assert '"$PY" -m pytest -q tests/integration -m gated\n' in script
-    assert '"$PY" -m pytest -q tests/integration -m "not gated" ' in script
+    assert 'STREAMED=("${FIRST_LANE[@]}" -m "engine and not gated")\n' in script
+    assert 'BESIDE=(tests/integration -m "engine and not gated")\n' in script
+    assert 'for f in "${FIRST_LANE[@]}"; do BESIDE+=("--ignore=$f"); done\n' in script
+    assert 'STREAMED=(tests/integration -m gated)\n' in script
+    assert 'BESIDE=(tests/integration -m "not engine")\n' in script
     assert {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"} <= {
         "unit", "integration", "data"}, "a test folder `make test` does not run"
 
