@@ -71,7 +71,9 @@ KINDS = (*AA_CANDIDATES, "improved", "slow", "slice-regressed")
 SHORT_KINDS = ("stable-reconfigured", "slice-regressed")  # an A/A promotion, then a rollback on a fresh stable
 # The sources whose code decides a rollout; with the demo's policy and plan they make the gate-code digest.
 DECIDING = ("evaluation/*.py", "manifests/gates.py", "manifests/rollout.py", "flows/promote.py", "flows/evidence.py",
-            "flows/sizing.py")
+            "flows/sizing.py",
+            # where the engines compute decides what their latency gates measure
+            "serving/worker/cores.py", "serving/worker/engine.py", "serving/worker/agent.py")
 # Taken when the bench starts: every rollout of the run uses the policy and plan imported then.
 POLICY_SOURCE = inspect.getsource(demo_policy) + inspect.getsource(demo_plan)
 FLOW_WRITER = "revgate promote_revision"  # the created_by of the flow's own route changes
@@ -151,7 +153,7 @@ def route_timing(routes: str, fingerprint: str, started_s: float) -> dict[str, A
 
 def measure(session: DemoSession, done: DemoRollout, digest: str, folder: Path) -> dict[str, Any]:
     """One rollout's record: kind, decision, the gate that decided, stage and time to decision."""
-    fingerprint = pin(done.spec).fingerprint  # as the flow pinned it: manifest, this engine, the execution config
+    fingerprint = pin(done.spec)[0].fingerprint  # as the flow pinned it: manifest, this engine, the execution config
     evidence = gate_evidence(done.spec.tracking_uri, fingerprint, done.started_s, folder)
     timing = route_timing(session.routes, fingerprint, done.started_s)
     flow_decision = str(evidence["flow_decision"])

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from revgate.serving.worker.cores import DEFAULT_TURN_EVERY_S
 from revgate.serving.worker.engine import EngineError, engine_python
 
 
@@ -29,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--cpu-slots", type=int, default=2,
                         help="on the CPU: split this host's cores into N slots, one replica's engine per slot "
                         "(the least used; 0: let vLLM bind every engine to every core)")
+    parser.add_argument("--cpu-turn-every", type=float, default=DEFAULT_TURN_EVERY_S, metavar="SECONDS",
+                        help="on the CPU: every SECONDS the ready replicas on slots of one size move to the next "
+                        "such slot, so whatever else loads some cores falls on every replica alike (0: never)")
     parser.add_argument("--keep-replicas", action="store_true",
                         help="ready replicas outlive this agent: their engines run on when it stops, and the next "
                         "agent on the cache started with this flag adopts them (same id, same endpoint); without "
@@ -56,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(serve_worker(
         host=args.host, port=args.port, cache=args.cache, token_file=args.token_file,
         device=args.device, engine_python=python, startup_timeout_s=args.startup_timeout,
-        stop_timeout_s=args.stop_timeout, cpu_slots=args.cpu_slots, replica_host=args.replica_host,
+        stop_timeout_s=args.stop_timeout, cpu_slots=args.cpu_slots, cpu_turn_every_s=args.cpu_turn_every,
+        replica_host=args.replica_host,
         keep_replicas=args.keep_replicas,
     ))
     return 0

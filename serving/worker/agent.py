@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,7 +22,7 @@ from revgate.manifests.errors import RevgateError
 from revgate.registry.compat import CPU_ENGINE, GPU_ENGINE
 from revgate.registry.runtime import engine_runtime
 from revgate.serving.worker.artifact import ArtifactPreparer, SealedArtifact
-from revgate.serving.worker.cores import bind_mask, least_used, split_cores
+from revgate.serving.worker.cores import DEFAULT_TURN_EVERY_S, bind_mask, least_used, next_turn, split_cores
 from revgate.serving.worker.drain import Admission
 from revgate.serving.worker.engine import (
     ENGINE_HOST,
@@ -34,6 +35,7 @@ from revgate.serving.worker.engine import (
     engine_env,
     free_port,
     health_status,
+    move_session_threads,
     port_is_open,
     session_members,
 )
@@ -189,8 +191,12 @@ class WorkerAgent:
         preparer: Preparer | None = None,
         cpu_slots: int = 2,
         keep_replicas: bool = False,
+        turn_every_s: float = DEFAULT_TURN_EVERY_S,
     ) -> None:
         self.cache = cache
+        # Ready replicas on slots of one size take turns on them (see serving.worker.cores); 0: never.
+        self.turn_every_s = turn_every_s
+        self._turns: asyncio.Task[None] | None = None
         # Ready replicas outlive this agent (their engines run on when it stops) for the next one to adopt.
         self.keep_replicas = keep_replicas
         # On the CPU each replica computes on its own slot of this process's cores (see serving.worker.cores).
@@ -419,6 +425,47 @@ class WorkerAgent:
             work.add_done_callback(lambda done: _discard(done, folder))
             raise
 
+    def begin_turns(self) -> None:
+        """Start the ready replicas' turns on the CPU slots, every ``turn_every_s`` until :meth:`close`."""
+        if self._turns is None and self.turn_every_s > 0 and len(self.slots) > 1:
+            self._turns = asyncio.get_running_loop().create_task(self._take_turns())
+
+    async def _take_turns(self) -> None:
+        while True:
+            await asyncio.sleep(self.turn_every_s)
+            try:
+                await self.take_turn()
+            except Exception:  # a turn that failed leaves the replicas where they were; the next one tries again
+                LOG.exception("the replicas' turn on the CPU slots failed")
+
+    async def take_turn(self) -> dict[str, tuple[int, ...]]:
+        """One turn: each ready replica moves to the next slot of its size (serving.worker.cores.next_turn).
+
+        None moves while a replica with a started engine is not ready: a loading engine binds to the
+        cores it was started with, and a draining one is about to free its own. The replicas moved, by id,
+        with their new cores.
+        """
+        engines = {rid: running for rid, running in self._running.items()
+                   if running.engine is not None and running.slot is not None and not running.stopping}
+        if len(engines) < 2 or not all(self._replicas[rid].is_ready for rid in engines):
+            return {}
+        held = {rid: running.slot for rid, running in engines.items() if running.slot is not None}
+        moves = {rid: slot for rid, slot in next_turn(held, self.slots).items() if slot != held[rid]}
+        if not moves:
+            return {}
+        planned = {rid: (engines[rid], held[rid], slot) for rid, slot in moves.items()}
+        await asyncio.to_thread(self._move_threads, planned)
+        for rid, slot in moves.items():  # in one step on the loop: a reader never sees half a turn
+            engines[rid].slot = slot
+            self._set(replace(self._replicas[rid], cpu_cores=self.slots[slot]))
+        self._record_kept()
+        return {rid: self.slots[slot] for rid, slot in moves.items()}
+
+    def _move_threads(self, moves: Mapping[str, tuple[_Running, int, int]]) -> None:
+        for running, old, new in moves.values():
+            if running.engine is not None and running.engine.pid is not None:
+                move_session_threads(running.engine.pid, self.slots[old], self.slots[new])
+
     def _slots_in_use(self) -> dict[int, int]:
         """Replicas with a started engine, by CPU slot."""
         used: dict[int, int] = {}
@@ -441,7 +488,8 @@ class WorkerAgent:
         env = engine_env(execution, self.device)
         if cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind_mask(cores)
-        return SupervisedEngine(command, env, port, ENGINE_HOST, log_path, outlive_parent=self.keep_replicas)
+        return SupervisedEngine(command, env, port, ENGINE_HOST, log_path, outlive_parent=self.keep_replicas,
+                                cores=cores)
 
     async def _warm(self, replica_id: str, running: _Running) -> None:
         if running.stopping or running.engine is None:
@@ -572,6 +620,11 @@ class WorkerAgent:
     async def close(self, grace_s: float = 5.0) -> None:
         """Drain every live replica (on agent shutdown nothing is left running), except, with
         ``keep_replicas``, the ready ones: their engines run on, recorded for the next agent to adopt."""
+        if self._turns is not None:
+            self._turns.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._turns
+            self._turns = None
         live = [r.replica_id for r in self.replicas() if r.state not in (ReplicaState.FAILED, ReplicaState.TERMINATED)]
         for replica_id in live:
             running = self._running[replica_id]

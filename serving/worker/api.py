@@ -134,6 +134,7 @@ class ControlApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 await self.agent.take_over()  # what the last agent on this cache left: adopted or stopped
+                self.agent.begin_turns()  # ready replicas on the CPU take turns on its cores
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.agent.close()

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.revision import ExecutionConfig
+from revgate.serving.worker.cores import Slot, moved_affinity
 
 Device = Literal["cpu", "cuda"]
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -221,25 +222,26 @@ def _stop_with_parent() -> None:
             _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _child_setup(stop_with_parent: bool, cores: tuple[int, ...]) -> Callable[[], None] | None:
+    """What the engine's child runs before exec: the parent-death signal, and its cores. vLLM's own
+    ``VLLM_CPU_OMP_THREADS_BIND`` binds only the workers of its multiprocess executor; a one-worker
+    engine ignores it and computes on every core, so the binding is made here, for the whole session."""
+    if not (stop_with_parent or cores):
+        return None
+
+    def setup() -> None:
+        if stop_with_parent:
+            _stop_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)  # every thread and process the engine makes inherits it
+    return setup
+
+
 LEFTOVER_GRACE_S = 5.0  # what a leftover child of a server that has gone gets after SIGTERM
 
 
-def session_members(session_id: int) -> list[int]:
-    """The live processes whose session id is ``session_id`` (zombies aside). Linux only (reads /proc)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the process ended while we looked
-        if int(fields[3]) == session_id and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
-
-
-def session_cpu_seconds(session_id: int) -> float:
-    """User + system CPU seconds of the live processes whose session id is ``session_id``."""
-    ticks = 0
+def _session_stats(session_id: int) -> Iterator[tuple[int, list[str]]]:
+    """(pid, /proc stat fields after the command name) of each live process in session ``session_id``."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -247,8 +249,34 @@ def session_cpu_seconds(session_id: int) -> float:
             continue  # the process ended while we looked
         # After the command name: state, ppid, pgrp, session, ..., utime (12th), stime (13th).
         if int(fields[3]) == session_id:
-            ticks += int(fields[11]) + int(fields[12])
+            yield int(stat.parent.name), fields
+
+
+def session_members(session_id: int) -> list[int]:
+    """The live processes whose session id is ``session_id`` (zombies aside). Linux only (reads /proc)."""
+    return [pid for pid, fields in _session_stats(session_id) if fields[0] != "Z"]
+
+
+def session_cpu_seconds(session_id: int) -> float:
+    """User + system CPU seconds of the live processes whose session id is ``session_id``."""
+    ticks = sum(int(fields[11]) + int(fields[12]) for _, fields in _session_stats(session_id))
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def move_session_threads(session_id: int, old: Slot, new: Slot) -> int:
+    """Move every thread of session ``session_id`` bound within the cores ``old`` to the matching cores
+    of ``new`` (see serving.worker.cores.moved_affinity); threads that float stay. How many moved."""
+    moved = 0
+    for pid, _ in list(_session_stats(session_id)):
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            try:
+                target = moved_affinity(frozenset(os.sched_getaffinity(int(task.name))), old, new)
+                if target is not None:
+                    os.sched_setaffinity(int(task.name), target)
+                    moved += 1
+            except OSError:
+                continue  # the thread ended while we looked
+    return moved
 
 
 class EngineProcess:
@@ -266,8 +294,10 @@ class EngineProcess:
         log_path: Path | None = None,
         *,
         outlive_parent: bool = False,
+        cores: Sequence[int] = (),
     ) -> None:
         self.outlive_parent = outlive_parent  # kept across its agent's restart: no stop when the parent dies
+        self.cores = tuple(cores)  # the cores it computes on (empty: every core this process may use)
         self.command = list(command)
         self.env = dict(env)
         self.host = host
@@ -308,7 +338,7 @@ class EngineProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=None if self.outlive_parent else _stop_with_parent,  # noqa: PLW1509 - only calls prctl
+            preexec_fn=_child_setup(not self.outlive_parent, self.cores),  # noqa: PLW1509 - prctl and affinity only
         )
 
     def wait_healthy(self, timeout: float = 180.0) -> None:

@@ -11,6 +11,7 @@ from revgate.serving.worker.agent import WorkerAgent
 from revgate.serving.worker.api import ControlApp
 from revgate.serving.worker.auth import load_token
 from revgate.serving.worker.cache_lock import hold_cache
+from revgate.serving.worker.cores import DEFAULT_TURN_EVERY_S
 from revgate.serving.worker.engine import Device
 
 
@@ -25,6 +26,7 @@ async def serve_worker(
     startup_timeout_s: float = 300.0,
     stop_timeout_s: float = 15.0,
     cpu_slots: int = 2,
+    cpu_turn_every_s: float = DEFAULT_TURN_EVERY_S,
     replica_host: str | None = None,
     keep_replicas: bool = False,
 ) -> None:
@@ -38,7 +40,7 @@ async def serve_worker(
     with hold_cache(cache):
         agent = WorkerAgent(cache, device=device, engine_python=engine_python, host=replica_host or host,
                             startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s, cpu_slots=cpu_slots,
-                            keep_replicas=keep_replicas)
+                            keep_replicas=keep_replicas, turn_every_s=cpu_turn_every_s)
         config = uvicorn.Config(ControlApp(agent, token), host=host, port=port, log_level="warning",
                                 lifespan="on", access_log=False)
         await uvicorn.Server(config).serve()

@@ -10,6 +10,7 @@ whole module; three replicas start at once, so the module pays for three vLLM st
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -37,7 +38,7 @@ from revgate.registry.signing import sign_with_key
 from revgate.registry.store import open_store
 from revgate.serving.worker.auth import write_token
 from revgate.serving.worker.client import WorkerClient, WorkerRequestFailed, WorkerUnauthorized
-from revgate.serving.worker.engine import engine_python, free_port
+from revgate.serving.worker.engine import engine_python, free_port, session_members
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 from revgate.serving.worker.sealed import is_read_only
 from revgate.zoo.index import load_revisions
@@ -223,6 +224,7 @@ def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drai
     check_engine_listens_on_loopback_only(worker, a)
     check_proxy_exposes_only_inference(worker, a, b)
     check_replica_loads_its_own_read_only_files(worker, a)
+    check_replicas_take_turns_on_the_cores(worker, [a, b, c])
 
     # kill -9 of a replica: noticed, reported with exit status and log tail, not restarted.
     os.kill(b["pid"], signal.SIGKILL)
@@ -240,6 +242,36 @@ def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drai
     check_tampered_cache_is_refused(worker, a)
     check_a_stuck_engine_is_killed_when_draining(worker, c)
     check_drain_with_requests_in_flight(worker, a)
+
+
+def engine_cores(pid: int) -> set[tuple[int, ...]]:
+    """The distinct core sets the threads of the engine ``pid`` (and its children) may run on now."""
+    found = set()
+    for member in session_members(pid):
+        for task in Path(f"/proc/{member}/task").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                found.add(tuple(sorted(os.sched_getaffinity(int(task.name)))))
+    return found
+
+
+def check_replicas_take_turns_on_the_cores(worker: Worker, ready: list[dict[str, Any]]) -> None:
+    """Each engine computes on its slot's cores only (every thread, the engine's children too), and the
+    ready replicas take turns on the slots: over a few turns each is seen on every slot."""
+    slots = worker.client.capacity()["slots"]
+    seen: dict[str, set[tuple[int, ...]]] = {r["replica_id"]: set() for r in ready}
+
+    def consistent_and_turned() -> bool:
+        for replica_id, cores in seen.items():
+            replica = worker.client.replica(replica_id)
+            reported = tuple(replica["cpu_cores"])
+            if engine_cores(replica["pid"]) == {reported}:  # between a move and its report they differ
+                cores.add(reported)
+        return all(len(cores) == min(slots, len(ready)) for cores in seen.values())
+
+    if slots < 2:  # one slot: every engine binds to all of this host's cores and nothing takes turns
+        assert all(engine_cores(r["pid"]) == {tuple(sorted(os.sched_getaffinity(0)))} for r in ready)
+        return
+    wait_until(consistent_and_turned, 60, f"every replica seen bound to each of the {slots} slots ({seen})")
 
 
 def check_another_policy_is_refused_while_loading(worker: Worker, loading: list[str]) -> None:

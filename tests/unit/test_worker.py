@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import MutableMapping
@@ -24,8 +25,9 @@ from revgate.serving.worker.agent import SignaturePolicyConflict, WorkerAgent, s
 from revgate.serving.worker.api import ControlApp
 from revgate.serving.worker.artifact import SealedArtifact
 from revgate.serving.worker.auth import TokenFileInvalid, authorized, load_token, write_token
-from revgate.serving.worker.cores import bind_mask, least_used, split_cores
+from revgate.serving.worker.cores import bind_mask, least_used, moved_affinity, next_turn, split_cores
 from revgate.serving.worker.drain import Admission
+from revgate.serving.worker.engine import EngineProcess, free_port, move_session_threads
 from revgate.serving.worker.proxy import (
     REVISION_HEADER,
     BadRequest,
@@ -440,12 +442,59 @@ def test_cores_split_into_near_equal_contiguous_slots_and_the_least_used_slot_is
     assert bind_mask((2, 3)) == "2,3"
 
 
+def test_replicas_take_turns_on_slots_of_their_size_and_a_moved_thread_keeps_its_place_in_the_slot() -> None:
+    two = ((0,), (1,))
+    assert next_turn({"stable": 0, "candidate": 1}, two) == {"stable": 1, "candidate": 0}
+    assert next_turn({"a": 0, "b": 1, "c": 0}, two) == {"a": 1, "b": 0, "c": 1}  # a shared slot moves as one
+    assert next_turn({"alone": 1}, two) == {"alone": 1}
+    assert next_turn({}, two) == {}
+    three = ((0, 1), (2, 3), (4,))  # only slots of one size trade places: an engine keeps its thread count
+    assert next_turn({"a": 0, "b": 1, "c": 2}, three) == {"a": 1, "b": 0, "c": 2}
+    held = {"a": 0, "b": 1, "c": 2}
+    slots = ((0,), (1,), (2,))
+    after = held
+    for _ in range(3):  # three turns bring every replica back where it started, each slot held once per turn
+        after = next_turn(after, slots)
+        assert sorted(after.values()) == [0, 1, 2]
+    assert after == held
+    assert moved_affinity(frozenset({2}), (2, 3), (0, 1)) == {0}
+    assert moved_affinity(frozenset({2, 3}), (2, 3), (0, 1)) == {0, 1}
+    assert moved_affinity(frozenset({0, 1, 2, 3}), (2, 3), (0, 1)) is None  # floats over the host: stays
+    assert moved_affinity(frozenset(), (2, 3), (0, 1)) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="moving between cores needs two of them")
+def test_an_engine_process_starts_on_its_cores_and_its_threads_move_to_the_next_slot(tmp_path: Path) -> None:
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    script = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    engine = EngineProcess([sys.executable, "-c", script], dict(os.environ), free_port(), log_path=tmp_path / "log",
+                           cores=(first,))
+    engine.start()
+    try:
+        pid = engine.pid
+        assert pid is not None
+
+        def threads_on(core: int) -> bool:
+            tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").glob("[0-9]*")]
+            return len(tasks) == 2 and all(os.sched_getaffinity(t) == {core} for t in tasks)
+
+        deadline = time.monotonic() + 30
+        while not threads_on(first) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threads_on(first)
+        assert move_session_threads(pid, (first,), (second,)) == 2
+        assert threads_on(second)
+        assert move_session_threads(pid, (first,), (second,)) == 0  # nothing bound there any more
+    finally:
+        engine.stop(grace=5)
+
+
 def test_on_the_cpu_an_engine_is_bound_to_its_slot_and_on_a_gpu_it_is_not(tmp_path: Path) -> None:
     request = ReplicaRequest.build(revision=revision(), store="s", signature_policy=POLICY)
     agent = WorkerAgent(tmp_path, device="cpu")
     assert agent.slots == split_cores(sorted(os.sched_getaffinity(0)), 2)
     bound = agent.engine_for(request, tmp_path / "model", tmp_path / "log", cores=(1,))
-    assert bound.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert bound.env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and bound.cores == (1,)
     unbound = agent.engine_for(request, tmp_path / "model", tmp_path / "log")
     assert "VLLM_CPU_OMP_THREADS_BIND" not in unbound.env or unbound.env["VLLM_CPU_OMP_THREADS_BIND"] == os.environ.get(
         "VLLM_CPU_OMP_THREADS_BIND")
