@@ -466,7 +466,7 @@ def test_replicas_take_turns_on_slots_of_their_size_and_a_moved_thread_keeps_its
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="moving between cores needs two of them")
 def test_an_engine_process_starts_on_its_cores_and_its_threads_move_to_the_next_slot(tmp_path: Path) -> None:
     first, second = sorted(os.sched_getaffinity(0))[:2]
-    script = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    script = "import threading; threading.Thread(target=threading.Event().wait).start(); threading.Event().wait()"
     engine = EngineProcess([sys.executable, "-c", script], dict(os.environ), free_port(), log_path=tmp_path / "log",
                            cores=(first,))
     engine.start()
@@ -478,10 +478,9 @@ def test_an_engine_process_starts_on_its_cores_and_its_threads_move_to_the_next_
             tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").glob("[0-9]*")]
             return len(tasks) == 2 and all(os.sched_getaffinity(t) == {core} for t in tasks)
 
-        deadline = time.monotonic() + 30
-        while not threads_on(first) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert threads_on(first)
+        deadline = time.monotonic() + 30  # until the child has started its second thread
+        while not threads_on(first):
+            assert time.monotonic() < deadline, "the child never ran two threads on its core"
         assert move_session_threads(pid, (first,), (second,)) == 2
         assert threads_on(second)
         assert move_session_threads(pid, (first,), (second,)) == 0  # nothing bound there any more
