@@ -144,16 +144,26 @@ def test_slow_revision_fails_on_slo_and_latency(
     zoo_dir: Path, zoo_eval: object, vllm_stable: EngineProcess, vllm_slow: EngineProcess
 ) -> None:
     # Fixed-length answers (16 tokens, EOS ignored) so every request has a TPOT; 3 req/s leaves CPU spare.
+    # The arms take turns every 2 requests, so a burst of other work on the host falls on both alike.
+    # The stage goes on while a gate is undecided, as a rollout's does, up to 240 requests per arm:
+    # with the other core busy, 80 per arm once left slow's attainment (0.56) and its bounds
+    # [0.38, 0.73] around the 0.7 target, rightly undecided.
     fixed = {"max_tokens": 16, "ignore_eos": True}
-    trace = [replace(e, body=e.body | fixed) for e in generate_trace(80, 3.0, seed=11)]  # 80 per arm: 2.3x is plain
-    stable, slow = alternating_replay(trace, vllm_stable.url, vllm_slow.url)
-    for records in (stable, slow):
-        ok = [r for r in records if r.outcome == "ok"]
-        assert len(records) == len(trace) and len(ok) >= 0.95 * len(trace), {r.error for r in records}
-        assert {r.output_tokens for r in ok} == {16} and all(r.ttft_s is not None for r in ok)
-    policy = slo_policy(stable)
-    report = judge(gates_from_policy(policy), policy, Evidence(stable, slow, final=True))
-    by_gate = {g.gate: g for g in report.gates}
+    stable: tuple[RequestRecord, ...] = ()
+    slow: tuple[RequestRecord, ...] = ()
+    for seed in (11, 12, 13):
+        trace = [replace(e, body=e.body | fixed) for e in generate_trace(80, 3.0, seed=seed)]
+        more_stable, more_slow = alternating_replay(trace, vllm_stable.url, vllm_slow.url, block=2)
+        for records in (more_stable, more_slow):
+            ok = [r for r in records if r.outcome == "ok"]
+            assert len(records) == len(trace) and len(ok) >= 0.95 * len(trace), {r.error for r in records}
+            assert {r.output_tokens for r in ok} == {16} and all(r.ttft_s is not None for r in ok)
+        stable, slow = stable + more_stable, slow + more_slow
+        policy = slo_policy(stable)
+        report = judge(gates_from_policy(policy), policy, Evidence(stable, slow, final=True))
+        by_gate = {g.gate: g for g in report.gates}
+        if "inconclusive" not in {by_gate["slo-*"].outcome, by_gate["latency-tpot"].outcome}:
+            break
     assert by_gate["slo-*"].outcome == "fail", by_gate["slo-*"]
     assert by_gate["latency-tpot"].outcome == "fail", by_gate["latency-tpot"]
     assert report.outcome == "fail" and report.notes[0].startswith("stable may serve")  # one window for both
