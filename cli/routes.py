@@ -113,6 +113,9 @@ def _router_args(parser: argparse.ArgumentParser) -> None:
                         help="open caller connections; past it: 503 with Retry-After (default 10000)")
     limits.add_argument("--max-buffered-bytes", type=int,
                         help="answer bytes unsent to all callers; over it new requests get 503 (default 256 MiB)")
+    limits.add_argument("--max-record-bytes", type=int,
+                        help="answer bytes kept for the records of all requests in flight; over it new requests "
+                             "get 503 (default 256 MiB)")
     limits.add_argument("--record-keep-bytes", type=int, default=1024 * 1024,
                         help="bytes of one answer kept for its record: its two ends past this (default 1 MiB)")
     limits.add_argument("--shadow-queue-bytes", type=int, help="bytes held for the shadow mirror (default 64 MiB)")
@@ -271,6 +274,7 @@ _LIMIT_FLAGS = {  # Limits field: argparse destination
     "idle_timeout_s": "idle_timeout", "max_pipelined": "max_pipelined",
     "write_stall_timeout_s": "write_stall_timeout", "max_buffered_response_bytes": "max_buffered_response_bytes",
     "max_connections": "max_connections", "max_buffered_bytes": "max_buffered_bytes",
+    "max_record_bytes": "max_record_bytes",
 }
 
 

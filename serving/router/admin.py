@@ -81,6 +81,7 @@ class AdminApi:
                             ("caller_buffer_overflowed", public.buffer_overflows if public else 0),
                             ("connections_refused", public.connections_refused if public else 0),
                             ("requests_shed", public.requests_shed if public else 0),
+                            ("requests_shed_records", public.requests_shed_records if public else 0),
                             ("endpoint_ejected", router.ejections.count)):
             events[(("event", name), ("route", route))] = value
         held: dict[str, int] = {}
@@ -100,5 +101,6 @@ class AdminApi:
             tasks=len(asyncio.all_tasks()),
             open_connections=sum(len(watchdog.connections) for watchdog in router.watchdogs),
             shadow_held_bytes=router.mirror.held_bytes, unsent_bytes=public.buffered if public else 0,
+            record_held_bytes=public.kept if public else 0,
             caller_connections=len(public.connections) if public else 0, **held,
         )

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import httptools
 
@@ -63,6 +63,15 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing input that was just refused."""
 
 
+class Holds(Protocol):
+    """An exchange that keeps answer bytes for its record."""
+
+    @property
+    def held(self) -> int:
+        """Bytes kept now."""
+        ...
+
+
 class ServerConnection(asyncio.Protocol):
     """One caller connection."""
 
@@ -88,6 +97,7 @@ class ServerConnection(asyncio.Protocol):
         self.write_paused_at = 0.0
         self.closed = False
         self.close_when_done = False
+        self.exchange: Holds | None = None  # the answer in flight, for the record-bytes budget
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport; the watchdog times the connection from now. Past the cap: 503, closed."""
@@ -217,10 +227,14 @@ class ServerConnection(asyncio.Protocol):
         if isinstance(item, bytes):
             self._last_answer(item)
             return
-        if self.watchdog.shedding:  # answers unsent to all callers passed the budget: no new work until they drain
-            self.watchdog.requests_shed += 1
-            self.write(overloaded(f"answers unsent to callers passed {self.limits.max_buffered_bytes} bytes",
-                                  "--max-buffered-bytes", keep_alive=item.keep_alive))
+        over = self.watchdog.over
+        if over is not None:  # a global budget is passed: no new work until what holds it drains
+            what, flag = over
+            if flag == "--max-record-bytes":
+                self.watchdog.requests_shed_records += 1
+            else:
+                self.watchdog.requests_shed += 1
+            self.write(overloaded(what, flag, keep_alive=item.keep_alive))
             if not item.keep_alive:
                 self.close_when_done = True
             self.request_done()
@@ -255,6 +269,11 @@ class ServerConnection(asyncio.Protocol):
         """Answer bytes written and not yet taken by the caller (for the router's global budget)."""
         transport = self.transport
         return transport.get_write_buffer_size() if transport is not None and not self.closed else 0
+
+    def kept(self) -> int:
+        """Answer bytes the exchange in flight keeps for its record (for the router's global budget)."""
+        exchange = self.exchange
+        return exchange.held if exchange is not None else 0
 
     def expire(self, now: float) -> None:
         """Watchdog: close lingering and idle connections, answer 408 to slow heads and bodies."""
@@ -307,6 +326,7 @@ class ServerConnection(asyncio.Protocol):
     def request_done(self) -> None:
         """The request in progress ended: close if asked to, else start the next pipelined one."""
         self.busy, self.on_lost, self.on_pause, self.on_resume = False, None, None, None
+        self.exchange = None
         if self.close_when_done and self.transport is not None:
             self.transport.close()
             return

@@ -33,6 +33,7 @@ class Limits:
     max_buffered_response_bytes: int = 4 * MIB  # answer bytes the router holds for one caller; over it: aborted
     max_connections: int = 10_000  # open caller connections; past it a new one gets 503 and is closed
     max_buffered_bytes: int = 256 * MIB  # answer bytes unsent to all callers together; over it: new requests 503
+    max_record_bytes: int = 256 * MIB  # answer bytes kept for the records of every exchange in flight; over it: 503
 
     @property
     def tick_s(self) -> float:
@@ -46,6 +47,16 @@ def refusal_body(what: str, kind: str, where: str, fix: str) -> bytes:
     return json.dumps({"error": {"message": what, "type": kind, "where": where, "fix": fix}}).encode()
 
 
+def over_budget(limits: Limits, buffered: int, kept: int) -> tuple[str, str] | None:
+    """The global budget these totals pass, as the 503's message and the flag that sets it; None within both."""
+    if buffered > limits.max_buffered_bytes:
+        return f"answers unsent to callers passed {limits.max_buffered_bytes} bytes", "--max-buffered-bytes"
+    if kept > limits.max_record_bytes:
+        return (f"answer bytes kept for the records of requests in flight passed {limits.max_record_bytes}",
+                "--max-record-bytes")
+    return None
+
+
 class Watched(Protocol):
     """A connection the watchdog checks."""
 
@@ -54,6 +65,9 @@ class Watched(Protocol):
 
     def unsent(self) -> int:
         """Answer bytes written to the connection and not yet taken by its peer."""
+
+    def kept(self) -> int:
+        """Answer bytes its exchange in flight keeps for the record."""
 
 
 class Watchdog:
@@ -65,10 +79,11 @@ class Watchdog:
         self.now = 0.0  # loop time at the last tick: what connections stamp their phases with
         # Callers who read slower than their answers arrive, and those cut off for it (exported as counters).
         self.write_pauses = self.write_stalls = self.buffer_overflows = 0
-        # Global budgets: bytes unsent to all callers (summed each tick), and what was refused over them.
-        self.buffered = 0
-        self.shedding = False
-        self.connections_refused = self.requests_shed = 0
+        # Global budgets: bytes unsent to all callers and bytes kept for records (summed each tick), the
+        # budget passed now (its message and flag, or None), and what was refused over each.
+        self.buffered = self.kept = 0
+        self.over: tuple[str, str] | None = None
+        self.connections_refused = self.requests_shed = self.requests_shed_records = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
 
@@ -87,10 +102,11 @@ class Watchdog:
     def _tick(self) -> None:
         assert self._loop is not None
         self.now = now = self._loop.time()
-        buffered = 0
+        buffered = kept = 0
         for connection in list(self.connections):
             connection.expire(now)
             buffered += connection.unsent()
-        self.buffered = buffered
-        self.shedding = buffered > self.limits.max_buffered_bytes
+            kept += connection.kept()
+        self.buffered, self.kept = buffered, kept
+        self.over = over_budget(self.limits, buffered, kept)
         self._handle = self._loop.call_later(self.limits.tick_s, self._tick)

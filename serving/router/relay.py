@@ -137,6 +137,11 @@ class Relay:
         elif self.finished is not None and not self.finished.done():
             self.finished.set_result(None)
 
+    @property
+    def held(self) -> int:
+        """Answer bytes kept for the record now (the router's record-bytes budget sums these)."""
+        return self.kept + self.tail_bytes
+
     async def wait(self) -> None:
         """Until the exchange ends (the future-based mode)."""
         if self.finished is not None:

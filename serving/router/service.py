@@ -294,7 +294,7 @@ class Router:
         call.attempts, call.endpoint, call.connection, call.first = 1, call.target.urls[first], connection, first
         relay = Relay(caller, call.headers, call.request.keep_alive, _retries(call) > 0,
                       on_settled=self._pooled_settled, context=call)
-        call.relay = relay
+        call.relay = caller.exchange = relay
         call.timer = self._loop.call_at(call.deadline, self._pooled_expired, call)
         caller.on_lost = lambda: self._pooled_lost(call)
         _send(call, connection, call.target.endpoints[first], relay)
@@ -427,7 +427,7 @@ class Router:
                     continue
                 return relay
             relay = Relay(call.caller, call.headers, call.request.keep_alive, may_retry)
-            call.relay = relay
+            call.relay = call.caller.exchange = relay
             try:
                 connection = await self.pool.connect(address, fresh=fresh)
             except UpstreamError as error:

@@ -1,4 +1,4 @@
-"""The router's global budgets through a real router: connections, bytes unsent to callers, bytes kept per answer.
+"""The router's global budgets through a real router: connections, bytes unsent to callers, bytes kept for records.
 
 Each budget has its own answer, a 503 with Retry-After that names it, and a counter; the router
 serves again as soon as the budget frees up.
@@ -23,6 +23,7 @@ ROUTE = "chat"
 MAX_CONNECTIONS = 8
 BUFFERED_BUDGET = 64 * 1024
 KEEP_BYTES = 4096
+RECORD_BUDGET = 2 * KEEP_BYTES  # three answers in flight, each kept to KEEP_BYTES, pass it
 SLACK_S = 15.0
 
 
@@ -32,6 +33,17 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
         flags = ("--max-connections", str(MAX_CONNECTIONS), "--max-buffered-bytes", str(BUFFERED_BUDGET),
                  "--record-keep-bytes", str(KEEP_BYTES), "--write-stall-timeout", "60")
         with router_process(tmp_path_factory.mktemp("budgets"), ROUTE, snapshot(ROUTE, 1, [farm["a1"]]),
+                            extra=flags) as process:
+            yield process
+
+
+@pytest.fixture(scope="module")
+def recording_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+    """A router whose record-bytes budget is the one a few answers in flight pass (its unsent budget is far)."""
+    with UpstreamFarm(["a1"]) as farm:
+        flags = ("--max-record-bytes", str(RECORD_BUDGET), "--record-keep-bytes", str(KEEP_BYTES),
+                 "--max-buffered-bytes", str(1 << 30), "--write-stall-timeout", "60")
+        with router_process(tmp_path_factory.mktemp("records"), ROUTE, snapshot(ROUTE, 1, [farm["a1"]]),
                             extra=flags) as process:
             yield process
 
@@ -70,30 +82,61 @@ def test_past_the_connection_cap_a_new_caller_gets_503_and_the_router_serves_onc
         assert connection.answer().status == 200
 
 
+def hog(router: RouterProcess, caller_id: str) -> socket.socket:
+    """A caller that asks for a long answer and reads none of it: the router holds its answer in flight."""
+    connection = socket.socket()
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    connection.connect(("127.0.0.1", router.port))
+    connection.sendall(request("POST", "/v1/completions", completion(800_000), {"x-request-id": caller_id.encode()}))
+    return connection
+
+
+def reset(connection: socket.socket) -> None:
+    """Leave as a client whose own timeout fired: a reset, not a close that waits."""
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    connection.close()
+
+
+def shed_for(router: RouterProcess, flag: str) -> bool:
+    """Whether a new request now gets the 503 with Retry-After that names ``flag``."""
+    with ask(router, "during-the-backlog") as connection:
+        answer = connection.answer()
+    return answer.status == 503 and answer.headers.get("retry-after") == "1" and flag in answer.error()["fix"]
+
+
+def served(router: RouterProcess) -> bool:
+    with ask(router, "after-the-backlog") as connection:
+        return connection.answer().status == 200
+
+
 def test_over_the_unsent_bytes_budget_new_requests_get_503_until_the_backlog_goes(router: RouterProcess) -> None:
     shed = counter(router, "requests_shed_total")
-    hog = socket.socket()
-    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    hog.connect(("127.0.0.1", router.port))
-    hog.sendall(request("POST", "/v1/completions", completion(800_000), {"x-request-id": b"budget-hog"}))
+    hogged = hog(router, "budget-hog")
     wait_until(lambda: counter(router, "unsent_bytes") > BUFFERED_BUDGET, timeout=SLACK_S,
                describe=lambda: f"unsent {counter(router, 'unsent_bytes')}")
 
-    def shed_now() -> bool:
-        with ask(router, "during-the-backlog") as connection:
-            answer = connection.answer()
-        return answer.status == 503 and answer.headers.get("retry-after") == "1"
-
-    wait_until(shed_now, timeout=SLACK_S)  # within a watchdog tick of the budget passing
+    wait_until(lambda: shed_for(router, "--max-buffered-bytes"), timeout=SLACK_S)  # within a watchdog tick
     assert counter(router, "requests_shed_total") > shed
-    hog.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    hog.close()  # the backlog goes with its caller
+    reset(hogged)  # the backlog goes with its caller
+    wait_until(lambda: served(router), timeout=SLACK_S)
 
-    def served() -> bool:
-        with ask(router, "after-the-backlog") as connection:
-            return connection.answer().status == 200
 
-    wait_until(served, timeout=SLACK_S)
+def test_over_the_record_bytes_budget_new_requests_get_503_until_the_answers_in_flight_end(
+    recording_router: RouterProcess,
+) -> None:
+    router = recording_router
+    hogs = [hog(router, f"record-hog-{n}") for n in range(3)]
+    try:
+        wait_until(lambda: counter(router, "record_held_bytes") > RECORD_BUDGET, timeout=SLACK_S,
+                   describe=lambda: f"kept {counter(router, 'record_held_bytes')}")
+        assert counter(router, "unsent_bytes") < 1 << 30  # the other budget is nowhere near
+        wait_until(lambda: shed_for(router, "--max-record-bytes"), timeout=SLACK_S)
+        assert counter(router, "requests_shed_records_total") > 0 and counter(router, "requests_shed_total") == 0
+    finally:
+        for connection in hogs:
+            reset(connection)
+    wait_until(lambda: counter(router, "record_held_bytes") == 0, timeout=SLACK_S)
+    wait_until(lambda: served(router), timeout=SLACK_S)
 
 
 def test_an_answer_past_the_kept_bytes_is_relayed_whole_and_recorded_from_its_two_ends(router: RouterProcess) -> None:

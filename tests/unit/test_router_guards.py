@@ -9,7 +9,7 @@ import pytest
 
 from revgate.serving.admin_token import AdminTokenInvalid, authorized, load_admin_token
 from revgate.serving.router.ids import RequestIds
-from revgate.serving.router.limits import Limits
+from revgate.serving.router.limits import Limits, over_budget
 from revgate.shadow.mirror import MirrorJob, ShadowAnswer, ShadowMirror
 from revgate.shadow.records import prompt_text
 
@@ -71,6 +71,15 @@ def test_the_mirror_drops_copies_past_its_byte_bound_not_only_its_count() -> Non
     assert mirror.offer(job(1000))
     assert (mirror.counters.offered, mirror.counters.dropped) == (4, 1)
     assert mirror.held_bytes == 4000 + 2 + 4000 + 2 + 1000 + 2
+
+
+def test_a_new_request_is_shed_for_the_budget_it_passes_and_named_by_its_flag() -> None:
+    limits = Limits(max_buffered_bytes=100, max_record_bytes=50)
+    assert over_budget(limits, 100, 50) is None  # at the budget is within it
+    assert over_budget(limits, 101, 0) == ("answers unsent to callers passed 100 bytes", "--max-buffered-bytes")
+    what, flag = over_budget(limits, 0, 51) or ("", "")
+    assert flag == "--max-record-bytes" and "kept for the records" in what and "50" in what
+    assert over_budget(limits, 101, 51) == over_budget(limits, 101, 0)  # unsent first: callers wait on it
 
 
 def test_every_limit_has_a_positive_default_and_the_watchdog_ticks_within_the_shortest_timeout() -> None:
