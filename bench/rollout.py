@@ -66,8 +66,8 @@ def trigger_to_first_canary(parts: Estate, folder: Path, rate: float) -> tuple[f
         handle.start_flow()
         candidate = parts.revision("improved").fingerprint
         first = wait_until(lambda: handle.traffic.served_by(candidate), LOAD_S, "the first canary request")[0]
-        views = [r for r in parts.client.replicas() if r["revision"] == candidate and r["state"] == "ready"]
-        timings = {key: float(value) for key, value in views[0]["timings_s"].items()}
+        views = [r for r in parts.client.replicas() if r.revision == candidate and r.state == "ready"]
+        timings = {key: float(value) for key, value in views[0].timings_s.items()}
         # The controller dies here, so the candidate replica stays ready for the next measurement.
         assert handle.process is not None
         os.kill(handle.process.pid, signal.SIGKILL)
@@ -75,7 +75,7 @@ def trigger_to_first_canary(parts: Estate, folder: Path, rate: float) -> tuple[f
     elapsed = first.sent_s - triggered
     excluded = timings.get("load_s", 0.0) + timings.get("warm_s", 0.0)
     parts_s = {"elapsed_s": elapsed, "load_s": timings.get("load_s", 0.0), "warm_s": timings.get("warm_s", 0.0)}
-    return elapsed - excluded, parts_s, str(views[0]["replica_id"])
+    return elapsed - excluded, parts_s, str(views[0].replica_id)
 
 
 def answered_after(traffic: OpenLoop, after_s: float) -> bool:
@@ -86,8 +86,8 @@ def answered_after(traffic: OpenLoop, after_s: float) -> bool:
 def fail_to_stable(parts: Estate, folder: Path, replica_id: str, rate: float, repeats: int) -> list[float]:
     """Canary up, then a failing gate decision through the flow's driver; seconds until stable takes all."""
     view = parts.client.replica(replica_id)
-    candidate = RevisionTarget(fingerprint=str(view["revision"]), endpoints=(str(view["endpoint"]),),
-                               served_model=str(view["served_model"]))
+    candidate = RevisionTarget(fingerprint=str(view.revision), endpoints=(str(view.endpoint),),
+                               served_model=str(view.served_model))
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000), Analyze(max_samples=100)], lease_seconds=600,
                              rollback_window_seconds=0)
     seconds = []
@@ -125,8 +125,8 @@ def rollback_figures(parts: Estate, folder: Path, replica_id: str, rate: float) 
     from revgate.serving.worker.engine import answers_health
 
     view = parts.client.replica(replica_id)
-    promoted = RevisionTarget(fingerprint=str(view["revision"]), endpoints=(str(view["endpoint"]),),
-                              served_model=str(view["served_model"]))
+    promoted = RevisionTarget(fingerprint=str(view.revision), endpoints=(str(view.endpoint),),
+                              served_model=str(view.served_model))
     plan = RolloutPlan.build(steps=[SetWeight(weight_ppm=500_000)], rollback_window_seconds=0)
     figures = {}
     with rollout(parts, folder, "bench-rollback", plan, rate=rate) as handle:
@@ -141,8 +141,8 @@ def rollback_figures(parts: Estate, folder: Path, replica_id: str, rate: float) 
                        "the promoted revision serving")
             if drained:
                 for replica in parts.client.replicas():
-                    if replica["revision"] == old.fingerprint and replica["state"] == "ready":
-                        parts.client.drain(str(replica["replica_id"]), 5)
+                    if replica.revision == old.fingerprint and replica.state == "ready":
+                        parts.client.drain(str(replica.replica_id), 5)
                 wait_until(lambda: "ready" not in parts.states(old.fingerprint), 120, "the old stable drained")
             started = time.time()
             land(handle.store, handle.route, by="bench", now=lambda: datetime.now(UTC), answers=answers_health,

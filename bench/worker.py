@@ -114,14 +114,14 @@ def through_agent(client: WorkerClient, request: ReplicaRequest, cache: Path) ->
         shutil.rmtree(cache / folder, ignore_errors=True)
     started = time.monotonic()
     replica = client.start(request)
-    view = client.wait_for(replica["replica_id"], {"ready"}, 600, every_s=0.05)
+    view = client.wait_for(replica.replica_id, {"ready"}, 600, every_s=0.05)
     elapsed = time.monotonic() - started
-    if view["state"] != "ready":
-        raise SystemExit(f"replica did not become ready: {view['failure']}")
-    client.drain(replica["replica_id"], 5)
-    client.wait_for(replica["replica_id"], {"terminated"}, 120)
-    return {"start_to_ready_s": elapsed, **{step: view["timings_s"][step] for step in STEPS},
-            "requests_per_s_measured": view["capacity"]["requests_per_s"]}
+    if view.state != "ready":
+        raise SystemExit(f"replica did not become ready: {view.reason}")
+    client.drain(replica.replica_id, 5)
+    client.wait_for(replica.replica_id, {"terminated"}, 120)
+    return {"start_to_ready_s": elapsed, **{step: view.timings_s[step] for step in STEPS},
+            "requests_per_s_measured": view.capacity.requests_per_s}
 
 
 def start_worker(work: Path) -> tuple[subprocess.Popen[bytes], WorkerClient]:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import os
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -108,12 +106,11 @@ def notify_router(admin_url: str, token: str, timeout_s: float = 5.0) -> str:
 
     The rollback is committed already: a router that cannot be told is reported, never an error.
     """
-    request = urllib.request.Request(  # noqa: S310 - the router's admin port
-        f"{admin_url}/admin/notify", data=b"", headers={"Authorization": f"Bearer {token}"}, method="POST"
-    )
+    from revgate.manifests.errors import RevgateError
+    from revgate.serving.router.admin_client import RouterAdmin
+
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            answer = json.loads(response.read())
-    except (OSError, ValueError) as error:
+        answer = RouterAdmin(admin_url, token, timeout_s=timeout_s).notify()
+    except (OSError, RevgateError) as error:
         return f"not told ({error})" + BY_POLLING
-    return f"serving generation {answer.get('generation')} ({answer.get('result')})"
+    return f"serving generation {answer.generation} ({answer.result})"

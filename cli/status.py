@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.route import RouteNotFound, RouteSnapshot
 from revgate.promotion.window import OPEN_UNTIL, WINDOW_TAG
+from revgate.serving.router.admin_client import RouterAdmin, RouterHealth
 
 EXIT_STABLE, EXIT_ROLLOUT, EXIT_DEGRADED, EXIT_BAD = 0, 1, 2, 3
 UNREACHABLE = "unreachable"
@@ -155,14 +156,14 @@ def targets(snapshot: RouteSnapshot) -> tuple[Target, Target | None, Target | No
     return stable, candidate, shadow
 
 
-def router_state(url: str, health: dict[str, Any] | None, generation: int, error: str = "") -> RouterState:
+def router_state(url: str, health: RouterHealth | None, generation: int, error: str = "") -> RouterState:
     """A router's state against the store: behind when it serves an older generation than the store holds."""
     if health is None:
         return RouterState(url, UNREACHABLE, None, error)
-    served = int(health.get("generation", 0))
+    served = health.generation
     if served < generation:
         return RouterState(url, "behind", served, f"serves generation {served}, the store holds {generation}")
-    return RouterState(url, str(health.get("status", "ok")), served)
+    return RouterState(url, health.status, served)
 
 
 def routed_endpoints(status: RouteStatus) -> set[str]:
@@ -287,19 +288,20 @@ def _get_json(url: str, token: str, timeout_s: float, scheme: str = "Bearer") ->
 def read_router(url: str, token: str, generation: int, timeout_s: float) -> RouterState:
     """``/admin/health`` of the router whose admin port is at ``url``."""
     try:
-        return router_state(url, _get_json(url.rstrip("/") + "/admin/health", token, timeout_s), generation)
-    except (OSError, ValueError) as error:
+        return router_state(url, RouterAdmin(url, token, timeout_s=timeout_s).health(), generation)
+    except (OSError, RevgateError) as error:
         return router_state(url, None, generation, str(getattr(error, "reason", error)))
 
 
 def read_worker(url: str, token: str, timeout_s: float) -> WorkerState:
     """The worker agent's replicas (its control API)."""
+    from revgate.serving.worker.client import WorkerClient
+
     try:
-        views = _get_json(url.rstrip("/") + "/v1/replicas", token, timeout_s).get("replicas", [])
-    except (OSError, ValueError) as error:
+        views = WorkerClient(url, token, timeout_s=timeout_s).replicas()
+    except (OSError, RevgateError) as error:
         return WorkerState(url, False, (), str(getattr(error, "reason", error)))
-    replicas = tuple(ReplicaState(str(v.get("replica_id", "")), str(v.get("revision", "")), str(v.get("state", "")),
-                                  str(v.get("endpoint", ""))) for v in views)
+    replicas = tuple(ReplicaState(v.replica_id, v.revision, v.state, v.endpoint) for v in views)
     return WorkerState(url, True, replicas)
 
 

@@ -13,16 +13,17 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import jsonschema  # type: ignore[import-untyped]
+from pydantic import Field
 
 from revgate.evaluation.records import RequestRecord
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.gates import PairedGrader
+from revgate.manifests.seam import Refused, ReplyDocument, ReplyInvalid, Seam, Transport, network
 
 REFUSAL = re.compile(
     r"\b(i can(?:'|no)t|i am unable|i'm unable|i won't|as an ai|i cannot help|i'm sorry, but)\b", re.IGNORECASE
@@ -163,21 +164,32 @@ JUDGE_PROMPT = (
     "Rubric:\n{rubric}\n\nReference (may be empty):\n{reference}\n\nAnswer:\n{answer}"
 )
 
-Post = Callable[[str, dict[str, Any]], dict[str, Any]]
+class _JudgeMessage(ReplyDocument):
+    content: str
 
 
-def _post_json(url: str, body: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
-    request = urllib.request.Request(  # noqa: S310 - the judge URL is configured by the operator
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+class _JudgeChoice(ReplyDocument):
+    message: _JudgeMessage
+
+
+class JudgeReply(ReplyDocument):
+    """The part of an OpenAI chat completion a judge is read for: the first choice's text."""
+
+    choices: Annotated[tuple[_JudgeChoice, ...], Field(min_length=1)]
+
+
+def ask_judge(base_url: str, model: str, prompt: str, transport: Transport = network) -> str:
+    """One greedy question to the judge's chat endpoint (``.../v1``) through the seam; its answer's text."""
+    body = {"model": model, "temperature": 0, "max_tokens": 128, "messages": [{"role": "user", "content": prompt}]}
+    seam = Seam(base_url, service="judge", timeout_s=60.0, transport=transport)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            result: dict[str, Any] = json.loads(response.read())
-            return result
+        return seam.call("POST", "/chat/completions", JudgeReply, body).choices[0].message.content
     except OSError as error:
-        raise GraderError(
-            f"judge unreachable: {error}", where=url, fix="Start the judge model or fix the URL."
-        ) from None
+        raise GraderError(f"judge unreachable: {error}", where=seam.base_url + "/chat/completions",
+                          fix="Start the judge model or fix the URL.") from None
+    except (Refused, ReplyInvalid) as error:
+        raise GraderError(f"judge reply is not a chat completion: {error.what}", where=error.where,
+                          fix="Point at /v1 of an OpenAI-compatible server.") from None
 
 
 def parse_judge_reply(text: str) -> Grade:
@@ -191,23 +203,14 @@ def parse_judge_reply(text: str) -> Grade:
     return Grade(min(max(score, 0.0), 1.0), str(data.get("reason", "")))
 
 
-def judge_grader(base_url: str, model: str, rubric: str, post: Post = _post_json) -> Grader:
+def judge_grader(base_url: str, model: str, rubric: str, transport: Transport = network) -> Grader:
     """Ask an OpenAI-compatible chat endpoint (greedy) to score each answer against ``rubric``."""
-    url = base_url.rstrip("/") + "/chat/completions"
 
     def grade(record: RequestRecord) -> Grade | None:
         if record.outcome != "ok":
             return None
         prompt = JUDGE_PROMPT.format(rubric=rubric, reference=record.reference or "", answer=record.output_text or "")
-        body = {"model": model, "temperature": 0, "max_tokens": 128, "messages": [{"role": "user", "content": prompt}]}
-        reply = post(url, body)
-        try:
-            text = str(reply["choices"][0]["message"]["content"])
-        except (KeyError, IndexError, TypeError):
-            raise GraderError(
-                "judge reply is not a chat completion", where=url, fix="Point at /v1 of an OpenAI-compatible server."
-            ) from None
-        return parse_judge_reply(text)
+        return parse_judge_reply(ask_judge(base_url, model, prompt, transport))
 
     return grade
 
@@ -307,7 +310,7 @@ class JudgeEndpoint:
 
     base_url: str
     model: str
-    post: Post = _post_json
+    transport: Transport = network
 
 
 def parse_preference(text: str) -> str | None:
@@ -322,20 +325,7 @@ def parse_preference(text: str) -> str | None:
 
 
 def _ask(endpoint: JudgeEndpoint, prompt: str) -> str | None:
-    url = endpoint.base_url.rstrip("/") + "/chat/completions"
-    body = {
-        "model": endpoint.model,
-        "temperature": 0,
-        "max_tokens": 128,
-        "messages": [{"role": "user", "content": prompt}],
-    }
-    reply = endpoint.post(url, body)
-    try:
-        return parse_preference(str(reply["choices"][0]["message"]["content"]))
-    except (KeyError, IndexError, TypeError):
-        raise GraderError(
-            "judge reply is not a chat completion", where=url, fix="Point at /v1 of an OpenAI-compatible server."
-        ) from None
+    return parse_preference(ask_judge(endpoint.base_url, endpoint.model, prompt, endpoint.transport))
 
 
 def preferred(first: str | None, swapped: str | None) -> str | None:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -29,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from revgate.evaluation.traces import generate_trace, write_trace
 from revgate.flows import processes
 from revgate.flows.spec import PromotionSpec
-from revgate.flows.steps import LIVE, router_admin, start_replica
+from revgate.flows.steps import start_replica
 from revgate.manifests.gates import GatePolicy
 from revgate.manifests.revision import ExecutionConfig, InterfacePolicy, ServiceRevision
 from revgate.manifests.rollout import Analyze, Approve, RolloutPlan, SetWeight, Shadow
@@ -42,9 +41,11 @@ from revgate.registry.route_store import open_route_store
 from revgate.registry.runtime import engine_runtime
 from revgate.registry.signing import sign_with_key
 from revgate.registry.store import open_store
+from revgate.serving.router.admin_client import RouterAdmin
 from revgate.serving.token_file import credential_digest, write_token
 from revgate.serving.worker.client import WorkerClient
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
+from revgate.serving.worker.views import ReplicaView
 
 ROUTE = "demo"
 DEMO_ROUTER = "demo-router"  # the router's id in the record sink; the route's one record signer
@@ -267,7 +268,7 @@ class DemoSession:
     env: dict[str, str]
     worker_url: str
     stable: ServiceRevision
-    stable_view: dict[str, Any] | None = None
+    stable_view: ReplicaView | None = None
     public_url: str = ""
     admin_url: str = ""
     record_signers: dict[str, str] = field(default_factory=dict)  # the router whose signed records count
@@ -292,13 +293,13 @@ class DemoSession:
         request = ReplicaRequest(revision=self.stable, store=str(self.root / "artifacts"),
                                  signature_policy=self.signature, warm=WARM)
         self.stable_view = start_replica(self.client, request)
-        print(f"stable replica ready at {self.stable_view['endpoint']}")
+        print(f"stable replica ready at {self.stable_view.endpoint}")
 
     def stable_target(self) -> RevisionTarget:
         """The route target of stable's replica."""
         assert self.stable_view is not None, "start_stable first"
-        return RevisionTarget(fingerprint=self.stable.fingerprint, endpoints=(str(self.stable_view["endpoint"]),),
-                              served_model=str(self.stable_view["served_model"]),
+        return RevisionTarget(fingerprint=self.stable.fingerprint, endpoints=(self.stable_view.endpoint,),
+                              served_model=self.stable_view.served_model,
                               limits=serving_limits(self.stable.interface))
 
     def spec(self, candidate: str, approval: str) -> PromotionSpec:
@@ -341,22 +342,22 @@ class DemoSession:
         client = self.client
         settle(client)
         assert self.stable_view is not None, "start_stable first"
-        if client.replica(str(self.stable_view["replica_id"]))["state"] != "ready":
+        if client.replica(self.stable_view.replica_id).state != "ready":
             self.start_stable()
         current = open_route_store(self.routes).read(ROUTE)
         if current is None or current.stable != self.stable_target() or current.candidate or current.shadow:
             self.await_router(route_stable(self.routes, self.stable_target(), self.gateway).generation)
         for replica in client.replicas():
-            if replica["state"] in LIVE and replica["replica_id"] != self.stable_view["replica_id"]:
-                client.drain(str(replica["replica_id"]), 5)
+            if replica.live and replica.replica_id != self.stable_view.replica_id:
+                client.drain(replica.replica_id, 5)
         settle(client)
 
     def await_router(self, generation: int, timeout_s: float = 30) -> None:
         """Tell the router of a new generation and wait until it serves it."""
-        token = str(self.token)
-        router_admin(self.admin_url, token, "/admin/notify", "POST")
+        admin = RouterAdmin.from_token_file(self.admin_url, str(self.token))
+        admin.notify()
         deadline = time.monotonic() + timeout_s
-        while int(router_admin(self.admin_url, token, "/admin/health").get("generation", 0)) < generation:
+        while admin.health().generation < generation:
             if time.monotonic() > deadline:
                 raise processes.ServiceFailed(f"the router does not serve generation {generation} yet",
                                               where=self.admin_url, fix="Read router/router.log in the demo state.")
@@ -366,7 +367,7 @@ class DemoSession:
 def settle(client: WorkerClient, timeout_s: float = 120) -> None:
     """Until no replica on the worker is draining: a replica's cores are free for the next one only once it ends."""
     deadline = time.monotonic() + timeout_s
-    while any(replica["state"] == "draining" for replica in client.replicas()):
+    while any(replica.state == "draining" for replica in client.replicas()):
         if time.monotonic() > deadline:
             raise processes.ServiceFailed(f"replicas still draining after {timeout_s:g} s", where=client.url,
                                           fix="Read the worker's log (worker/worker.log in the demo state).")

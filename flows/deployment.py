@@ -23,13 +23,13 @@ from revgate.flows.restore import restorer
 from revgate.flows.route_lock import RolloutInProgress
 from revgate.flows.site import RouteSite, SiteConfigInvalid, load_site, promotion_spec, site_path
 from revgate.flows.spec import PromotionSpec
-from revgate.flows.steps import router_admin
 from revgate.manifests.errors import RevgateError
 from revgate.registry.errors import ObjectMissing
 from revgate.registry.follow import follow_in_ledger
 from revgate.registry.route_store import open_route_store
 from revgate.registry.store import open_store
 from revgate.rollback.land import land
+from revgate.serving.router.admin_client import RouterAdmin
 from revgate.serving.worker.engine import answers_health
 
 DECISION = "decision: "  # a finished promotion's state message: "decision: promoted"
@@ -128,7 +128,7 @@ def rollback(route: str, requested_by: str = "", start_replicas: bool = True) ->
 def notify_router(settings: RouteSite, admin_url: str, timeout_s: float = 5.0) -> str:
     """Ask one of the route's routers to re-read the route now; a router not told picks it up at its next poll."""
     try:  # the rollback is committed already: a router that cannot be told is reported, never an error
-        answer = router_admin(admin_url, settings.router_admin_token_file, "/admin/notify", "POST", timeout_s)
-    except (OSError, ValueError) as error:
+        answer = RouterAdmin.from_token_file(admin_url, settings.router_admin_token_file, timeout_s=timeout_s).notify()
+    except (OSError, RevgateError) as error:
         return f"not told ({error}); it picks the rollback up at its next poll of the store"
-    return f"serving generation {answer.get('generation')}"
+    return f"serving generation {answer.generation}"

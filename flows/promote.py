@@ -39,6 +39,7 @@ from revgate.flows.route_lock import (
     RouteLock,
     lock_name,
     release_route_lock,
+    taken_by_another,
 )
 from revgate.flows.route_owner import Heartbeat, RolloutStopped, RouteOwner, RouteTakenOver
 from revgate.flows.sizing import Measured
@@ -71,6 +72,7 @@ from revgate.registry.outbox import EvidenceOutbox
 from revgate.registry.record_store import StageWindow
 from revgate.rollback.plan import revert_to
 from revgate.serving.worker.client import AgentEngine
+from revgate.serving.worker.views import ReplicaView
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +99,13 @@ def capacity_task(spec: PromotionSpec, stable: RevisionTarget) -> dict[str, Any]
 
 
 @task(name="start-candidate")
-def start_task(spec: PromotionSpec, revision: ServiceRevision) -> list[dict[str, Any]]:
+def start_task(spec: PromotionSpec, revision: ServiceRevision) -> list[ReplicaView]:
     """Ask the fleet's workers for the candidate's replicas (each verifies again where it loads)."""
     return steps.start_candidates(spec, revision)
 
 
 @task(name="load-and-warm")
-def load_task(spec: PromotionSpec, replica: dict[str, Any]) -> dict[str, Any]:
+def load_task(spec: PromotionSpec, replica: ReplicaView) -> ReplicaView:
     """The started replica, loaded, warmed and ready."""
     return steps.wait_ready(spec, replica)
 
@@ -118,9 +120,9 @@ def slowest(figures: list[dict[str, Any]]) -> dict[str, float]:
 
 
 @task(name="isolated-check")
-def isolated_task(view: dict[str, Any]) -> dict[str, float]:
+def isolated_task(view: ReplicaView) -> dict[str, float]:
     """The candidate alone, off the live path."""
-    return steps.isolated_check(str(view["endpoint"]), str(view["served_model"]))
+    return steps.isolated_check(view.endpoint, view.served_model)
 
 
 @task(name="analyze")
@@ -579,9 +581,9 @@ def promote_revision(spec: PromotionSpec) -> str:
         give_back_route_lock(spec, lock)
 
 
-def replica_key(view: dict[str, Any]) -> steps.ReplicaKey:
+def replica_key(view: ReplicaView) -> steps.ReplicaKey:
     """A replica's key in the fleet: its worker agent and its id there."""
-    return str(view["worker_url"]).rstrip("/"), str(view["replica_id"])
+    return view.worker_url.rstrip("/"), view.replica_id
 
 
 class Rollout:
@@ -660,21 +662,23 @@ class Rollout:
         ledger.log_step(run, "verify", "pass", verify_task(spec, revision))
         ledger.log_json(run, "capacity-00", capacity_task(spec, steps.current_route(spec).stable))
         replicas = start_task(spec, revision)
-        self.started.update((replica_key(r), str(r.get("endpoint", "")).rstrip("/")) for r in replicas)
+        self.started.update((replica_key(r), r.endpoint.rstrip("/")) for r in replicas)
         views = [load_task(spec, replica) for replica in replicas]  # they load in parallel, on their own agents
-        self.started.update((replica_key(v), str(v["endpoint"]).rstrip("/")) for v in views)
+        self.started.update((replica_key(v), v.endpoint.rstrip("/")) for v in views)
         for index, view in enumerate(views, 1):  # each replica's own record; the steps below sum them up
-            ledger.log_json(run, f"replica-{index:02d}", {key: view.get(key) for key in REPLICA_FACTS})
-        ledger.log_step(run, "load", "ready", {**slowest([view.get("timings_s", {}) for view in views]),
+            ledger.log_json(run, f"replica-{index:02d}", {key: getattr(view, key) for key in REPLICA_FACTS})
+        ledger.log_step(run, "load", "ready", {**slowest([view.timings_s for view in views]),
                                                "replicas": float(len(views))})
         ledger.log_step(run, "isolated-check", "pass", slowest([isolated_task(view) for view in views]))
         driver = self.driver = Promotion(spec, ledger, run, steps.candidate_target(views, revision),
                                          domains=steps.failure_domains(views), outbox=self.outbox)
         self.heartbeat = Heartbeat(driver.owner, lease_seconds=spec.plan.lease_seconds,
                                    period_s=spec.plan.renew_every_s, by=spec.created_by, cancelled=run_cancelled(),
+                                   watch_every_s=spec.plan.watch_every_s,
                                    watches=[steps.CandidateWatch([replica_key(v) for v in views],
                                                                  silence_s=float(spec.plan.lease_seconds),
-                                                                 ask=partial(steps.replica_view, spec))])
+                                                                 ask=partial(steps.replica_view, spec)),
+                                            taken_by_another(self.lock)])
         self.heartbeat.__enter__()
         self._register_candidate(run, driver)
         if driver.run_plan().status != "promoted":

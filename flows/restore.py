@@ -82,16 +82,16 @@ def restorer(settings: RouteSite, say: Say = print, timeout_s: float = 900) -> C
                                  signature_policy=settings.signature, warm=settings.warm)
         endpoints = []
         for replica in start_spread(clients.values(), request, max(1, len(planned.stable.endpoints))):
-            url = str(replica["worker_url"])
-            say(f"  replica {replica['replica_id']} of {revision.name or revision.short} on {url}: "
+            url = replica.worker_url
+            say(f"  replica {replica.replica_id} of {revision.name or revision.short} on {url}: "
                 "verifying, loading, warming")
-            view = clients[url].wait_for(str(replica["replica_id"]), {"ready"}, timeout_s)
-            if view["state"] != "ready":
-                raise RevisionUnknown(f"replica {replica['replica_id']} ended {view['state']} before it was ready: "
-                                      f"{(view.get('failure') or {}).get('reason', '')}", where=url,
+            view = clients[url].wait_for(replica.replica_id, {"ready"}, timeout_s)
+            if view.state != "ready":
+                raise RevisionUnknown(f"replica {replica.replica_id} ended {view.state} before it was ready: "
+                                      f"{view.reason}", where=url,
                                       fix="Read the replica's engine log on the worker; the route was not moved.")
-            say(f"  replica {replica['replica_id']} ready at {view['endpoint']}")
-            endpoints.append(str(view["endpoint"]))
+            say(f"  replica {replica.replica_id} ready at {view.endpoint}")
+            endpoints.append(view.endpoint)
         return endpoints
 
     return restore

@@ -5,8 +5,9 @@ Not Prefect's ``concurrency()`` context manager: its renewal thread gives up aft
 (half a minute of a Prefect outage), and the slot is then gone for the rest of the rollout, so a
 second rollout of the route could start. Here the keeper renews every third of the lease while Prefect
 answers, asks every few seconds while it is away, and takes the slot again if its lease ended
-meanwhile, saying so; if another rollout took it first, that is said too, and the route's fence
-decides between the two (the later writer takes over, the other reads a takeover).
+meanwhile, saying so; if another rollout took it first, that is a decision: this rollout stops and
+routes back to stable (the heartbeat watches the lock, :func:`taken_by_another`), and the route's
+fence keeps either from writing over the other.
 
 A Prefect server keeps leases in memory by default: restarted, it forgets them and the slot they held
 stays counted for ever. ``flows.processes.prefect_server`` starts it with the file lease storage; a
@@ -189,8 +190,8 @@ class RouteLock:
             self.lease_id = self._acquire(client)
         except RolloutInProgress:
             self.lease_id, self.lost = None, True
-            self.say(f"the route lock {self.name} lapsed and another rollout took it: this rollout goes on; "
-                     "the route's fence decides between the two (the later writer takes over)")
+            self.say(f"the route lock {self.name} lapsed and another rollout took it: this rollout stops and "
+                     "routes back to stable")
             return
         self.taken_again += 1
         self.say(f"the route lock {self.name}'s lease ended while Prefect was away; taken again")
@@ -203,6 +204,18 @@ class RouteLock:
             if lease is not None:
                 with get_client(sync_client=True) as client:
                     client.release_concurrency_slots_with_lease(lease_id=lease)
+
+
+def taken_by_another(lock: RouteLock) -> Callable[[], str | None]:
+    """A heartbeat watch: why the rollout must stop once another rollout took its lapsed route lock, else None."""
+
+    def watch() -> str | None:
+        if not lock.lost:
+            return None
+        return (f"the route lock {lock.name} lapsed while Prefect was away and another rollout of route "
+                f"{lock.route!r} took it: this rollout stops and routes back to stable")
+
+    return watch
 
 
 def release_route_lock(lock: RouteLock, limit_s: float = LOCK_RELEASE_S) -> str:

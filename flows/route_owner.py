@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -24,6 +25,7 @@ from revgate.promotion.routes import renew_leases
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 5.0  # the cancel probe's time box per beat (never longer than the beat itself)
+WATCH_EVERY_S = 5.0  # how often a heartbeat watches, unless told (the plan's watch_every_seconds)
 
 Change = Callable[[RouteSnapshot], RouteSnapshot | None]
 
@@ -138,17 +140,22 @@ class RouteOwner:
 
 
 class Heartbeat:
-    """A daemon thread renewing the candidate's and shadow's leases every ``period_s`` through the fence.
+    """A daemon thread renewing the candidate's and shadow's leases every ``period_s`` through the fence,
+    and watching every ``watch_every_s`` (at least once a renewal) apart from it.
 
     Being a thread of the flow's process, it dies with it: a killed controller stops renewing, and
-    the routers revert to stable within one lease.
+    the routers revert to stable within one lease. Once the rollout is cancelled or stopped by a
+    fault it renews nothing more: where the flow cannot route back at once (it waits in an approval
+    pause), the routers send the candidate's traffic to stable when its lease runs out.
     """
 
     def __init__(self, owner: RouteOwner, *, lease_seconds: int, period_s: float, by: str,
-                 cancelled: Callable[[], bool] | None = None, watches: Sequence[Watch] = ()) -> None:
+                 cancelled: Callable[[], bool] | None = None, watches: Sequence[Watch] = (),
+                 watch_every_s: float = WATCH_EVERY_S) -> None:
         self.owner, self.lease_seconds, self.period_s, self.by = owner, lease_seconds, period_s, by
-        self.cancelled = cancelled  # asked once per beat: was the flow run cancelled?
-        self.watches = tuple(watches)  # asked once per beat: must the rollout stop?
+        self.watch_every_s = min(watch_every_s, period_s)
+        self.cancelled = cancelled  # asked every watch_every_s: was the flow run cancelled?
+        self.watches = tuple(watches)  # asked every watch_every_s: must the rollout stop?
         self.renewals = 0
         self.failing = 0  # beats in a row whose renewal failed
         self._stop = threading.Event()
@@ -184,9 +191,10 @@ class Heartbeat:
         return renew_leases(current, lease_seconds=self.lease_seconds, by=self.by, now=now)
 
     def beat(self) -> None:
-        """One renewal (nothing to renew when the route has no candidate and no shadow, or once cancelled)."""
-        if self.owner.cancelled.is_set():
-            return  # the rollout is ending: its leases are left to run out
+        """One renewal (nothing to renew when the route has no candidate and no shadow, or once the
+        rollout was cancelled or stopped by a fault)."""
+        if self.owner.cancelled.is_set() or self.owner.fault:
+            return  # the rollout is ending: its leases are left to run out, never renewed for a dead candidate
         if self.owner.commit(self._renewed) is not None:
             self.renewals += 1
         if self.failing:
@@ -232,21 +240,28 @@ class Heartbeat:
         self._probe = threading.Thread(target=contextvars.copy_context().run, args=(probe,),
                                        name="revgate-cancel-probe", daemon=True)
         self._probe.start()
-        self._probe.join(min(self.period_s, PROBE_TIMEOUT_S))
+        self._probe.join(min(self.watch_every_s, PROBE_TIMEOUT_S))
         if answer and answer[0]:
             log.warning("flow run cancelled: the rollout stops")
             self.owner.cancel()
 
     def _run(self) -> None:
         # Renewal first and on its own: whatever fails after it (the Prefect API, a replica watch)
-        # cannot stop the leases being renewed.
-        while not self._stop.wait(self.period_s):
-            try:
-                self.beat()
-            except RouteTakenOver as taken:
-                log.warning("lease heartbeat stops: %s", taken)
-                return
-            except Exception as error:  # a store or router hiccup: the next beat tries again within the lease
-                self._failed(error)
-            self._probe_cancel()
-            self._look()
+        # cannot stop the leases being renewed. The watches keep their own, shorter, period.
+        now = time.monotonic()
+        next_beat, next_watch = now + self.period_s, now + self.watch_every_s
+        while not self._stop.wait(max(0.0, min(next_beat, next_watch) - time.monotonic())):
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self.period_s
+                try:
+                    self.beat()
+                except RouteTakenOver as taken:
+                    log.warning("lease heartbeat stops: %s", taken)
+                    return
+                except Exception as error:  # a store or router hiccup: the next beat tries again within the lease
+                    self._failed(error)
+            if now >= next_watch:
+                next_watch = now + self.watch_every_s
+                self._probe_cancel()
+                self._look()

@@ -6,10 +6,10 @@ run any step without an orchestrator.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from revgate.manifests.errors import RevgateError
 from revgate.manifests.revision import ServiceRevision
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
 from revgate.manifests.route_change import serving_limits
+from revgate.manifests.seam import Exchange, network
 from revgate.promotion.capacity import (
     CapacityCheck,
     check_capacity,
@@ -28,15 +29,17 @@ from revgate.promotion.capacity import (
     route_endpoints,
     stated_capacity,
 )
-from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
+from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, replica_count, routers_behind
 from revgate.registry.compat import compatibility_problems, parse_model_config
 from revgate.registry.route_store import open_route_store
 from revgate.registry.signing import read_signed_files
 from revgate.registry.store import open_store
 from revgate.registry.verify import as_artifact_paths, check_signature_matches
+from revgate.serving.router.admin_client import RouterAdmin
 from revgate.serving.worker.artifact import trust_policy
 from revgate.serving.worker.client import AgentEngine, WorkerClient, one_build
 from revgate.serving.worker.request import ReplicaRequest
+from revgate.serving.worker.views import ReplicaView
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +168,7 @@ def capacity(spec: PromotionSpec, shares: dict[str, float], targets: Iterable[Re
     router's, from the record sink.
     """
     counted = route_endpoints(*((target.fingerprint, target.endpoints) for target in targets))
-    ready = merge_capacity([revisions_from_report(client.capacity(), counted) for client in fleet(spec)])
+    ready = merge_capacity([revisions_from_report(client.capacity().model_dump(), counted) for client in fleet(spec)])
     if spec.plan.replica_capacity_rps is not None:
         ready = stated_capacity(ready, float(spec.plan.replica_capacity_rps))
     demand = record_source(spec).demand(time.time())
@@ -184,52 +187,48 @@ def check_stable_capacity(spec: PromotionSpec, stable: RevisionTarget) -> dict[s
     return check.evidence()
 
 
-def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: float = 600) -> dict[str, Any]:
+def start_replica(client: WorkerClient, request: ReplicaRequest, timeout_s: float = 600) -> ReplicaView:
     """Start, verify, load and warm a replica on the worker; its view once ready, else the worker's reason."""
     replica = client.start(request)
-    view = client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s)
+    view = client.wait_for(replica.replica_id, {"ready"}, timeout_s)
     return ready_view(client, view, f"replica of {request.revision.name or request.revision.short}")
 
 
-def start_candidates(spec: PromotionSpec, revision: ServiceRevision) -> list[dict[str, Any]]:
+def start_candidates(spec: PromotionSpec, revision: ServiceRevision) -> list[ReplicaView]:
     """Start the plan's candidate replicas, spread over the fleet's agents; their views (state ``created``),
     each with the ``worker_url`` it runs on. They load in parallel, each on its own agent."""
     return start_spread(fleet(spec), replica_request(spec, revision), spec.plan.candidate_replicas)
 
 
-def start_spread(clients: Iterable[WorkerClient], request: ReplicaRequest, count: int) -> list[dict[str, Any]]:
-    """Start ``count`` replicas of the request's revision, the freest agents first (promotion.fleet); their
-    views (state ``created``), each with the ``worker_url`` it runs on."""
+def start_spread(clients: Iterable[WorkerClient], request: ReplicaRequest, count: int | None) -> list[ReplicaView]:
+    """Start ``count`` replicas of the request's revision (None: promotion.fleet.replica_count), the freest agents first
+    (promotion.fleet); their views (state ``created``), each with the ``worker_url`` it runs on."""
     by_url = {client.url: client for client in clients}
-    agents = [AgentSlots(url, int(client.capacity().get("free_slots", 0))) for url, client in by_url.items()]
-    return [{**by_url[url].start(request), "worker_url": url} for url in place_replicas(agents, count)]
+    agents = [AgentSlots(url, client.capacity().free_slots) for url, client in by_url.items()]
+    return [by_url[url].start(request) for url in place_replicas(agents, replica_count(count, agents))]
 
 
-def wait_ready(spec: PromotionSpec, replica: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
+def wait_ready(spec: PromotionSpec, replica: ReplicaView, timeout_s: float = 600) -> ReplicaView:
     """The started replica's view once ready (with its ``worker_url``), else PromotionRefused with the reason."""
-    client = worker(spec, replica.get("worker_url"))
-    view = {**client.wait_for(str(replica["replica_id"]), {"ready"}, timeout_s), "worker_url": client.url}
-    return ready_view(client, view, f"replica {replica['replica_id']}")
+    client = worker(spec, replica.worker_url or None)
+    view = client.wait_for(replica.replica_id, {"ready"}, timeout_s)
+    return ready_view(client, view, f"replica {replica.replica_id}")
 
 
-def ready_view(client: WorkerClient, view: dict[str, Any], what: str) -> dict[str, Any]:
+def ready_view(client: WorkerClient, view: ReplicaView, what: str) -> ReplicaView:
     """``view`` if its replica is ready, else PromotionRefused with the worker's reason."""
-    if view.get("state") != "ready":
-        failure = view.get("failure") or {}
-        reason = f"{failure.get('error', '')} {failure.get('message', '')}".strip()
+    if view.state != "ready":
         raise PromotionRefused(
-            f"{what} ended {view.get('state')}: {reason}",
+            f"{what} ended {view.state}: {view.reason}",
             where=client.url, fix="Read the replica's reason in the worker's log; nothing was routed to it.",
         )
     return view
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float = 60) -> tuple[int, bytes]:
-    request = urllib.request.Request(  # noqa: S310 - the replica's own http endpoint
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-        return int(response.status), bytes(response.read())
+    """One POST to the replica's own endpoint, through the seam's transport: its status and body."""
+    answer = network(Exchange("POST", url, json.dumps(body).encode(), {"Content-Type": "application/json"}), timeout_s)
+    return answer.status, answer.body
 
 
 def isolated_check(endpoint: str, model: str) -> dict[str, float]:
@@ -246,42 +245,25 @@ def isolated_check(endpoint: str, model: str) -> dict[str, float]:
     return {"isolated_check_s": time.monotonic() - started}
 
 
-def candidate_target(views: list[dict[str, Any]], revision: ServiceRevision) -> RevisionTarget:
+def candidate_target(views: list[ReplicaView], revision: ServiceRevision) -> RevisionTarget:
     """The route target for the candidate's ready replica views: every one of their endpoints, and the limits
     of its interface policy, which the routers enforce."""
-    return RevisionTarget(fingerprint=revision.fingerprint, endpoints=tuple(str(view["endpoint"]) for view in views),
-                          served_model=str(views[0]["served_model"]), limits=serving_limits(revision.interface))
+    return RevisionTarget(fingerprint=revision.fingerprint, endpoints=tuple(view.endpoint for view in views),
+                          served_model=views[0].served_model, limits=serving_limits(revision.interface))
 
 
-def failure_domains(views: list[dict[str, Any]]) -> dict[str, str]:
+def failure_domains(views: list[ReplicaView]) -> dict[str, str]:
     """Each candidate endpoint's failure domain: the host of the worker agent that runs it.
 
     Replicas on one host fail together (its power, its network, its agent); the routers retry a
     failed request on another domain first (serving/router/split.py: retry_order).
     """
-    return {str(view["endpoint"]): urlsplit(str(view["worker_url"])).hostname or str(view["worker_url"])
-            for view in views}
+    return {view.endpoint: urlsplit(view.worker_url).hostname or view.worker_url for view in views}
 
 
-def router_admin(admin_url: str, token_file: str, path: str, method: str = "GET",
-                 timeout_s: float = 10.0) -> dict[str, Any]:
-    """One call to a router's admin API with the token in ``token_file``; OSError or ValueError when it fails."""
-    token = Path(token_file).read_text(encoding="utf-8").strip()
-    request = urllib.request.Request(  # noqa: S310 - the router's admin port
-        f"{admin_url}{path}", data=b"" if method == "POST" else None, method=method,
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-        answer: dict[str, Any] = json.loads(response.read())
-        return answer
-
-
-def _router_call(spec: PromotionSpec, admin_url: str, path: str, method: str) -> dict[str, Any] | None:
-    """One admin call to one of the spec's routers; None when it does not answer."""
-    try:
-        return router_admin(admin_url, spec.router_admin_token_file, path, method)
-    except (OSError, ValueError):
-        return None
+def router_admin(spec: PromotionSpec, admin_url: str) -> RouterAdmin:
+    """A client for one of the spec's routers' admin port."""
+    return RouterAdmin.from_token_file(admin_url, spec.router_admin_token_file)
 
 
 def route_generation(spec: PromotionSpec, generation: int) -> bytes | None:
@@ -299,20 +281,25 @@ def commit_route(spec: PromotionSpec, snapshot: RouteSnapshot) -> None:
     """
     open_route_store(spec.route_store).write(snapshot)
     for admin_url in spec.routers():
-        _router_call(spec, admin_url, "/admin/notify", "POST")
+        with contextlib.suppress(OSError, RevgateError):  # one that is not told reads it at its next poll
+            router_admin(spec, admin_url).notify()
 
 
 def served_generations(spec: PromotionSpec) -> dict[str, int | None]:
     """The generation each router serves now (None: it does not answer)."""
     served: dict[str, int | None] = {}
     for admin_url in spec.routers():
-        health = _router_call(spec, admin_url, "/admin/health", "GET")
-        if health and health.get("store_regressed"):
-            # It serves a generation the store no longer has: not the route the flow wrote, whatever its number.
-            log.warning("router %s: %s", admin_url, health["store_regressed"].get("message"))
+        try:
+            health = router_admin(spec, admin_url).health()
+        except (OSError, RevgateError):
             served[admin_url] = None
             continue
-        served[admin_url] = int(health["generation"]) if health and "generation" in health else None
+        if health.store_regressed:
+            # It serves a generation the store no longer has: not the route the flow wrote, whatever its number.
+            log.warning("router %s: %s", admin_url, health.store_regressed.get("message"))
+            served[admin_url] = None
+            continue
+        served[admin_url] = health.generation
     return served
 
 
@@ -330,21 +317,17 @@ def await_routers(spec: PromotionSpec, generation: int) -> dict[str, int | None]
     return served
 
 
-LIVE = frozenset({"created", "loading", "warming", "ready"})
-
-
 def replicas_serving(spec: PromotionSpec, endpoints: tuple[str, ...]) -> dict[ReplicaKey, str]:
     """Live replicas on the fleet behind ``endpoints``: (worker, replica id) -> endpoint."""
     wanted = {url.rstrip("/") for url in endpoints}
-    return {(client.url, str(r["replica_id"])): str(r["endpoint"]).rstrip("/")
-            for client in fleet(spec) for r in client.replicas()
-            if r.get("state") in LIVE and str(r.get("endpoint", "")).rstrip("/") in wanted}
+    return {(client.url, r.replica_id): r.endpoint.rstrip("/")
+            for client in fleet(spec) for r in client.replicas() if r.live and r.endpoint.rstrip("/") in wanted}
 
 
 def drain_replica(spec: PromotionSpec, key: ReplicaKey, grace_s: float = 30) -> bool:
     """Drain one replica on its worker (a replica already gone is fine); whether a drain was started."""
     client = worker(spec, key[0])
-    if client.replica(key[1]).get("state") not in LIVE:
+    if not client.replica(key[1]).live:
         return False
     client.drain(key[1], grace_s)
     return True
@@ -353,7 +336,7 @@ def drain_replica(spec: PromotionSpec, key: ReplicaKey, grace_s: float = 30) -> 
 WATCH_ASK_S = 5.0  # the longest one look at one agent may take: a host cut off must not hold the heartbeat
 
 
-def replica_view(spec: PromotionSpec, key: ReplicaKey) -> dict[str, Any]:
+def replica_view(spec: PromotionSpec, key: ReplicaKey) -> ReplicaView:
     """One candidate replica as its agent reports it, asked within :data:`WATCH_ASK_S` (raises when it cannot be)."""
     worker_url, replica_id = key
     return worker(spec, worker_url, timeout_s=min(WATCH_ASK_S, spec.plan.renew_every_s)).replica(replica_id)
@@ -369,7 +352,7 @@ class CandidateWatch:
     is not one to promote, and its traffic has been going to stable since the routers ejected it.
     """
 
-    def __init__(self, keys: Iterable[ReplicaKey], silence_s: float, ask: Callable[[ReplicaKey], dict[str, Any]],
+    def __init__(self, keys: Iterable[ReplicaKey], silence_s: float, ask: Callable[[ReplicaKey], ReplicaView],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.keys, self.silence_s, self.ask, self.clock = tuple(keys), silence_s, ask, clock
         self.confirmed_at = clock()  # loaded and warmed just now
@@ -382,12 +365,11 @@ class CandidateWatch:
             except (OSError, RevgateError):
                 silent.append(worker_url)
                 continue
-            if view.get("state") == "ready":
+            if view.state == "ready":
                 confirmed = True
                 continue
-            failure = view.get("failure") or {}
-            return f"candidate replica {replica_id} on {worker_url} is {view.get('state')}: " \
-                   f"{failure.get('message', '')}".strip(": ")
+            message = view.failure.message if view.failure is not None else ""
+            return f"candidate replica {replica_id} on {worker_url} is {view.state}: {message}".strip(": ")
         if confirmed:
             self.confirmed_at = now
             return None
@@ -403,9 +385,9 @@ def replicas_in_flight(spec: PromotionSpec, endpoints: tuple[str, ...]) -> dict[
     held: dict[str, int | None] = {url.rstrip("/"): None for url in endpoints}
     for client in fleet(spec):
         for view in client.replicas():
-            endpoint = str(view.get("endpoint", "")).rstrip("/")
-            if endpoint in held and view.get("state") in LIVE:
-                held[endpoint] = int(view.get("in_flight", 0))
+            endpoint = view.endpoint.rstrip("/")
+            if endpoint in held and view.live:
+                held[endpoint] = view.in_flight
     return held
 
 

@@ -93,6 +93,10 @@ class RolloutPlan(Document):
     lease_seconds: Annotated[int, Field(ge=10)] = 900
     # The controller's heartbeat renews candidate and shadow leases this often (default: a third of the lease).
     lease_renew_seconds: Annotated[int, Field(ge=1)] | None = None
+    # The heartbeat asks the agents about the candidate's replicas, and Prefect whether the run was
+    # cancelled, this often, apart from renewal: a replica that dies is acted on within seconds, not
+    # at the next renewal (a third of the lease by default). Never less often than the renewals.
+    watch_every_seconds: Annotated[int, Field(ge=1)] = 5
     # Before each analysis stage the flow checks, from stable's measured rates, how likely every gate is
     # to pass an equal revision. With a target, a stage below it is extended (Analyze.extend_to) or
     # refused with the reason; unset, the check is only reported.
@@ -119,12 +123,19 @@ class RolloutPlan(Document):
     signed_approval: bool = False
     approver_keys: dict[str, str] = Field(default_factory=dict)
     # How many replicas of the candidate to start, spread over the spec's worker agents (one host each).
-    candidate_replicas: Annotated[int, Field(ge=1)] = 1
+    # Unset: two where two agents have a free slot (two failure domains, so one lost host costs the
+    # canary half its replicas, not all), else one.
+    candidate_replicas: Annotated[int, Field(ge=1)] | None = None
 
     @property
     def renew_every_s(self) -> float:
         """The heartbeat period: the plan's, else a third of the lease."""
         return float(self.lease_renew_seconds or max(1, self.lease_seconds // 3))
+
+    @property
+    def watch_every_s(self) -> float:
+        """How often the heartbeat watches the candidate and asks about a cancel: at least once a renewal."""
+        return float(min(self.watch_every_seconds, self.renew_every_s))
 
     @model_validator(mode="after")
     def _renewal_inside_lease(self) -> RolloutPlan:

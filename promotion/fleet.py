@@ -21,6 +21,14 @@ class AgentSlots:
     free_slots: int
 
 
+def replica_count(asked: int | None, agents: Sequence[AgentSlots]) -> int:
+    """How many replicas to start: ``asked``, else two where two agents have a free slot (two failure
+    domains: one lost host then costs half the replicas, not all of them), else one."""
+    if asked is not None:
+        return asked
+    return 2 if sum(agent.free_slots > 0 for agent in agents) >= 2 else 1
+
+
 def place_replicas(agents: Sequence[AgentSlots], count: int) -> list[str]:
     """The agent URL for each of ``count`` replicas: spread over agents, the freest first, round by round.
 

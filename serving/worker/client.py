@@ -1,11 +1,8 @@
-"""A small client for a worker's control API (standard library only; not on the request path)."""
+"""The client for a worker agent's control API, through the seam (not on the request path): every answer typed."""
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,11 +10,13 @@ from pydantic import ValidationError
 
 from revgate.manifests.errors import RevgateError
 from revgate.manifests.revision import RuntimeEnvironment
+from revgate.manifests.seam import Refused, Reply, Seam, Transport, network
 from revgate.registry.compat import EngineCapabilities
 from revgate.serving.worker.request import ReplicaRequest
+from revgate.serving.worker.views import ENDED, CapacityReport, ReplicaList, ReplicaView
 
 
-class WorkerRequestFailed(RevgateError):
+class WorkerRequestFailed(Refused):
     """The worker answered a control request with an error."""
 
 
@@ -27,14 +26,6 @@ class WorkerUnauthorized(WorkerRequestFailed):
 
 class ReplicaWaitTimeout(RevgateError):
     """A replica did not reach the awaited state in time."""
-
-
-def _error_detail(body: bytes) -> dict[str, str]:
-    try:
-        detail: dict[str, str] = json.loads(body).get("error", {})
-    except (ValueError, AttributeError):
-        return {"message": body[:300].decode("utf-8", "replace")}
-    return detail
 
 
 @dataclass(frozen=True)
@@ -83,72 +74,65 @@ def one_build(engines: list[AgentEngine]) -> AgentEngine:
     return engines[0]
 
 
-class WorkerClient:
-    """Talks to one worker agent at ``url`` with its bearer token."""
+def _refused(status: int) -> type[Refused]:
+    return WorkerUnauthorized if status == 401 else WorkerRequestFailed
 
-    def __init__(self, url: str, token: str, timeout_s: float = 30.0) -> None:
+
+class WorkerClient:
+    """Talks to one worker agent at ``url`` with its bearer token, through the seam: every answer typed."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 30.0, transport: Transport = network) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
+        self.seam = Seam(self.url, service="worker agent", token=token, timeout_s=timeout_s, transport=transport,
+                         refused=_refused)
 
-    def call(self, method: str, path: str, body: dict[str, Any] | bytes | None = None) -> dict[str, Any]:
-        """One control request; the decoded JSON answer, or a typed error naming the worker's reason."""
-        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310
-        request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
-                answer: dict[str, Any] = json.loads(response.read())
-                return answer
-        except urllib.error.HTTPError as error:
-            detail = _error_detail(error.read())
-            kind = WorkerUnauthorized if error.code == 401 else WorkerRequestFailed
-            raise kind(
-                f"worker answered {error.code}: {detail.get('type', '')}: {detail.get('message', '')}",
-                where=f"{method} {self.url}{path}",
-                fix=detail.get("fix", "") or "Check the token and the request.",
-            ) from None
+    def call(self, method: str, path: str, reply: type[Reply], body: dict[str, Any] | bytes | None = None) -> Reply:
+        """One control request; its answer as ``reply``, or a typed error naming the worker's reason."""
+        return self.seam.call(method, path, reply, body)
 
-    def start(self, request: ReplicaRequest) -> dict[str, Any]:
+    def _view(self, view: ReplicaView) -> ReplicaView:
+        return view.model_copy(update={"worker_url": self.url})
+
+    def start(self, request: ReplicaRequest) -> ReplicaView:
         """Ask for a new replica; returns it in state ``created``."""
-        return self.call("POST", "/v1/replicas", request.canonical())
+        return self._view(self.call("POST", "/v1/replicas", ReplicaView, request.canonical()))
 
-    def replicas(self) -> list[dict[str, Any]]:
+    def replicas(self) -> list[ReplicaView]:
         """Every replica the worker has had."""
-        replicas: list[dict[str, Any]] = self.call("GET", "/v1/replicas")["replicas"]
-        return replicas
+        return [self._view(view) for view in self.call("GET", "/v1/replicas", ReplicaList).replicas]
 
-    def replica(self, replica_id: str) -> dict[str, Any]:
+    def replica(self, replica_id: str) -> ReplicaView:
         """One replica's current view."""
-        return self.call("GET", f"/v1/replicas/{replica_id}")
+        return self._view(self.call("GET", f"/v1/replicas/{replica_id}", ReplicaView))
 
-    def drain(self, replica_id: str, grace_s: float) -> dict[str, Any]:
+    def drain(self, replica_id: str, grace_s: float) -> ReplicaView:
         """Begin draining (returns at once; wait for ``terminated``)."""
-        return self.call("POST", f"/v1/replicas/{replica_id}/drain", {"grace_s": grace_s})
+        return self._view(self.call("POST", f"/v1/replicas/{replica_id}/drain", ReplicaView, {"grace_s": grace_s}))
 
-    def stop(self, replica_id: str) -> dict[str, Any]:
+    def stop(self, replica_id: str) -> ReplicaView:
         """Drain with no grace period."""
-        return self.call("POST", f"/v1/replicas/{replica_id}/stop", b"")
+        return self._view(self.call("POST", f"/v1/replicas/{replica_id}/stop", ReplicaView, b""))
 
-    def capacity(self) -> dict[str, Any]:
-        """Ready capacity per revision."""
-        return self.call("GET", "/v1/capacity")
+    def capacity(self) -> CapacityReport:
+        """Ready capacity per revision, and the host's free slots."""
+        return self.call("GET", "/v1/capacity", CapacityReport)
 
     def engine(self) -> AgentEngine:
         """The agent's engine build and what it can run."""
-        return AgentEngine.from_report(self.call("GET", "/v1/engine"), url=self.url)
+        return AgentEngine.from_report(self.call("GET", "/v1/engine", dict[str, Any]), url=self.url)
 
-    def wait_for(self, replica_id: str, states: set[str], timeout_s: float, every_s: float = 0.2) -> dict[str, Any]:
+    def wait_for(self, replica_id: str, states: set[str], timeout_s: float, every_s: float = 0.2) -> ReplicaView:
         """Poll until the replica is in one of ``states`` (or a terminal state); return its view."""
         deadline = time.monotonic() + timeout_s
         while True:
             view = self.replica(replica_id)
-            if view["state"] in states or view["state"] in ("failed", "terminated"):
+            if view.state in states or view.state in ENDED:
                 return view
             if time.monotonic() > deadline:
                 raise ReplicaWaitTimeout(
-                    f"replica {replica_id} is still {view['state']} after {timeout_s:.0f} s",
+                    f"replica {replica_id} is still {view.state} after {timeout_s:.0f} s",
                     where=self.url,
                     fix="Read the replica's engine log in the worker's cache (logs/).",
                 )

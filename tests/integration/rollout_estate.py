@@ -179,15 +179,15 @@ class Estate:
     def stable(self) -> RevisionTarget:
         """The ready stable replica (started when the worker has none)."""
         revision = self.revision("stable")
-        ready = [r for r in self.client.replicas() if r["revision"] == revision.fingerprint and r["state"] == "ready"]
+        ready = [r for r in self.client.replicas() if r.revision == revision.fingerprint and r.state == "ready"]
         view = ready[0] if ready else start_replica(
             self.client, ReplicaRequest(revision=revision, store=self.store, signature_policy=self.policy, warm=WARM))
-        return RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view["endpoint"]),),
-                              served_model=str(view["served_model"]))
+        return RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view.endpoint),),
+                              served_model=str(view.served_model))
 
     def states(self, fingerprint: str) -> list[str]:
         """The states of every replica of ``fingerprint`` the worker has had."""
-        return [str(r["state"]) for r in self.client.replicas() if r["revision"] == fingerprint]
+        return [str(r.state) for r in self.client.replicas() if r.revision == fingerprint]
 
 
 @contextmanager

@@ -52,8 +52,8 @@ def own_stable(parts: Estate, handle: Rollout) -> None:
     """Give the route a stable replica of its own (a promotion drains its old stable's replicas)."""
     view = start_replica(parts.client, ReplicaRequest(revision=parts.revision("stable"), store=parts.store,
                                                       signature_policy=parts.policy, warm=WARM))
-    target = RevisionTarget(fingerprint=parts.revision("stable").fingerprint, endpoints=(str(view["endpoint"]),),
-                            served_model=str(view["served_model"]))
+    target = RevisionTarget(fingerprint=parts.revision("stable").fingerprint, endpoints=(str(view.endpoint),),
+                            served_model=str(view.served_model))
     handle.store.write(successor(handle.current(), by="seed", now=datetime.now(UTC), stable=target))
 
 
@@ -122,8 +122,8 @@ def run_window(handle: Rollout) -> str:
 
 def replica_states(parts: Estate, target: RevisionTarget) -> list[str]:
     """The states of the worker's replicas behind the target's endpoint (a port may be used again)."""
-    return [str(r["state"]) for r in parts.client.replicas()
-            if str(r.get("endpoint", "")).rstrip("/") == target.endpoints[0].rstrip("/")]
+    return [str(r.state) for r in parts.client.replicas()
+            if str(r.endpoint).rstrip("/") == target.endpoints[0].rstrip("/")]
 
 
 @pytest.mark.timeout(900)

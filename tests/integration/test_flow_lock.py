@@ -112,7 +112,7 @@ def test_a_route_lock_whose_lease_ended_is_taken_again_and_one_taken_by_another_
     # slot was then gone for the rest of the rollout and a second rollout of the route could start.
     from prefect.client.orchestration import get_client
 
-    from revgate.flows.route_lock import RolloutInProgress, RouteLock, lock_name
+    from revgate.flows.route_lock import RolloutInProgress, RouteLock, lock_name, taken_by_another
 
     said: list[str] = []
     lock = RouteLock("lapsed", 60, say=said.append).take()
@@ -132,8 +132,13 @@ def test_a_route_lock_whose_lease_ended_is_taken_again_and_one_taken_by_another_
         end_lease(lock.lease_id)
         other = RouteLock("lapsed", 60).take()  # another rollout, started while the slot was free
         try:
+            assert taken_by_another(lock)() is None  # not known yet: the keeper has not asked
             assert lock.keep_once()
             assert lock.lost and lock.lease_id is None and "another rollout took it" in said[-1], said
+            # The heartbeat's watch of the lock: a decision, stop and route back, not a rollout that goes on.
+            fault = taken_by_another(lock)()
+            assert fault is not None and "another rollout of route 'lapsed' took it" in fault, fault
+            assert "stops and routes back to stable" in said[-1], said
             lock.close()  # gives back nothing of the other's
             assert active_slots(lock_name("lapsed")) == 1
         finally:

@@ -92,9 +92,9 @@ def test_a_tampered_weight_passes_the_controllers_check_and_the_agent_refuses_it
         assert "verify_s" in steps.verify(spec, revision, tmp_path / "signatures-checked")  # manifest and signer
         client = WorkerClient(worker_url, token.read_text().strip())
         replica = client.start(steps.replica_request(spec, revision))
-        view = client.wait_for(str(replica["replica_id"]), {"ready"}, 300)
-    assert view["state"] == "failed", view
-    reason = f"{view['failure'].get('error', '')} {view['failure'].get('message', '')}"
+        view = client.wait_for(str(replica.replica_id), {"ready"}, 300)
+    assert view.state == "failed", view
+    reason = view.reason
     assert "sha256" in reason or "digest" in reason.lower(), reason  # re-hashed where it is loaded
     assert [s.generation for s in open_route_store(spec.route_store).history("tampered")] == [1]  # no traffic
 

@@ -228,7 +228,7 @@ def provision(host: Host, source: Path, relative: str) -> Path:
 TRUST = "trust/publisher.pub"
 AGENT_TOKEN = "tokens/agents"  # the fleet's agent token: each agent's own copy, and control's
 ADMIN_TOKEN = "tokens/edge-admin"  # the routers' admin token, likewise
-PUBLISHED = ("stable", "improved")
+PUBLISHED = ("stable", "improved", "slice-regressed")
 
 
 def start_stable(agent: WorkerClient, s3: str, digest: str) -> RevisionTarget:
@@ -239,8 +239,8 @@ def start_stable(agent: WorkerClient, s3: str, digest: str) -> RevisionTarget:
     view = start_replica(agent, ReplicaRequest(revision=revision, store="s3://artifacts/zoo",
                                                signature_policy=SignaturePolicySpec(kind="key", public_key=TRUST),
                                                warm=WARM))
-    return RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view["endpoint"]),),
-                          served_model=str(view["served_model"]))
+    return RevisionTarget(fingerprint=revision.fingerprint, endpoints=(str(view.endpoint),),
+                          served_model=str(view.served_model))
 
 
 @pytest.fixture(scope="module")
@@ -619,16 +619,25 @@ def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect
                 wait_until(lambda: run_state(services, promoted_run) in ("COMPLETED", "FAILED", "CRASHED"), 600,
                            "the run's end after its rollback window", every_s=1)
                 assert run_state(services, promoted_run) == "COMPLETED"
-            history = list(open_route_store(routes).history(FLEET))
-            token = (control.folder / AGENT_TOKEN).read_text().strip()
-            placed = {name: [r for r in WorkerClient(url, token).replicas()
-                             if r["revision"] == history[-1].stable.fingerprint and r["state"] == "ready"]
-                      for name, url in plane.agents.items()}
-            status = fleet_status(control, env, routes, routers=[one.admin, two.admin],
-                                  agents=list(plane.agents.values()), services=services)
-            run, evidence = evidence_files(services, promoted_run, tmp_path / "promoted")
+                promoted = list(open_route_store(routes).history(FLEET))
+                token = (control.folder / AGENT_TOKEN).read_text().strip()
+                placed = {name: [r for r in WorkerClient(url, token).replicas()
+                                 if r.revision == promoted[-1].stable.fingerprint and r.state == "ready"]
+                          for name, url in plane.agents.items()}
+                status = fleet_status(control, env, routes, routers=[one.admin, two.admin],
+                                      agents=list(plane.agents.values()), services=services)
+                run, evidence = evidence_files(services, promoted_run, tmp_path / "promoted")
 
-    # Users through both routers for the whole rollout: none failed, none served by a revision not routed then.
+                # A second run on the promoted route, of a candidate regressed on one slice: rolled back by its gate.
+                code, said, regressed_run = promote_on_control(control, env, plane.digests["slice-regressed"],
+                                                               services, approver_key)
+                assert code != 0 and said.rstrip().endswith("decision: rolled_back"), said[-4000:]
+                wait_until(lambda: run_state(services, regressed_run) in ("COMPLETED", "FAILED", "CRASHED"), 600,
+                           "the regressed run's end", every_s=1)
+                regressed, regressed_evidence = evidence_files(services, regressed_run, tmp_path / "regressed")
+            history = list(open_route_store(routes).history(FLEET))
+
+    # Users through both routers for both rollouts: none failed, none served by a revision not routed then.
     counts = {name: {"sent": len(loop.sent), "failed": len(loop.failed()), "off_route": len(loop.off_route(history))}
               for name, loop in users.items()}
     print("users per router:", counts)
@@ -643,21 +652,21 @@ def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect
                and s.candidate is None for s in during), during
 
     # The improvement: promoted, one candidate replica on each agent, each endpoint in its agent's failure domain.
-    final = history[-1]
+    final = promoted[-1]
     assert final.stable.fingerprint != plane.stable.fingerprint and final.candidate is None and final.shadow is None
     assert final.created_by.startswith("ana (claimed; prefect flow run "), final.created_by
     assert all(len(replicas) == 1 for replicas in placed.values()), placed
     assert {url.rstrip("/") for url in final.stable.endpoints} == {
-        str(r["endpoint"]).rstrip("/") for replicas in placed.values() for r in replicas}
+        str(r.endpoint).rstrip("/") for replicas in placed.values() for r in replicas}
     domain = {hosts[name].address: name for name in plane.agents}
     assert sorted(domain[d] for d in final.failure_domains.values()) == ["gpu-1", "gpu-2"], final.failure_domains
     assert all(f"//{address}:" in endpoint for endpoint, address in final.failure_domains.items())
-    assert any(s.shadow is not None for s in history) and any(s.candidate is not None for s in history)
+    assert any(s.shadow is not None for s in promoted) and any(s.candidate is not None for s in promoted)
 
     # Its evidence, in the tracking server on ledger, names each host's part; its files are kept on ledger,
     # where an auditor on any host reads them, and none on control.
     kept = list((hosts["ledger"].folder / "mlflow-artifacts").rglob("decision.json"))
-    assert len(kept) == 1, kept
+    assert len(kept) == 2, kept  # one per run
     assert not list((control.folder / "evidence").rglob("decision.json"))
     tags = run.data.tags
     assert run.info.status == "FINISHED" and tags["revgate.decision"] == "promoted", tags
@@ -675,14 +684,25 @@ def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect
     assert notes and all(re.fullmatch(r"edge-1 \d+, edge-2 \d+", note) for note in notes), (notes, sorted(evidence))
 
     # revgate status from control: each router on the last generation, each agent with its ready replica.
-    assert status["problems"] == [] and status["generation"] == history[-1].generation, status
-    assert {r["generation"] for r in status["routers"]} == {history[-1].generation}, status["routers"]
+    assert status["problems"] == [] and status["generation"] == promoted[-1].generation, status
+    assert {r["generation"] for r in status["routers"]} == {promoted[-1].generation}, status["routers"]
     ready = {w["url"].rstrip("/"): [p["endpoint"].rstrip("/") for p in w["replicas"]
                                     if p["revision"] == final.stable.fingerprint and p["state"] == "ready"]
              for w in status["workers"] if w["reachable"]}
-    assert ready == {plane.agents[name].rstrip("/"): [str(r["endpoint"]).rstrip("/") for r in placed[name]]
+    assert ready == {plane.agents[name].rstrip("/"): [str(r.endpoint).rstrip("/") for r in placed[name]]
                      for name in plane.agents}, status["workers"]
     assert status["links"]["flow_run_id"] == promoted_run and status["links"]["decision"] == "promoted", status
+
+    # The regressed candidate: rolled back by its quality gate on sort/long, the improvement stable throughout.
+    assert regressed.info.status == "FINISHED" and regressed.data.tags["revgate.decision"] == "rolled_back"
+    after = history[len(promoted):]
+    assert after and all(s.stable.fingerprint == final.stable.fingerprint for s in after), after
+    assert history[-1].candidate is None and history[-1].shadow is None
+    failing = [gate for report in regressed_evidence.values() if isinstance(report, dict)
+               for gate in report.get("gates", ()) if isinstance(gate, dict) and gate.get("outcome") == "fail"]
+    slices = [s["slice"] for gate in failing if gate["gate"].startswith("quality") for s in gate.get("slices", ())
+              if s["outcome"] == "fail"]
+    assert slices and all("sort" in name and "long" in name for name in slices), failing
 
 
 # --- faults across hosts, with the real flow ------------------------------------------------------
@@ -693,19 +713,19 @@ FAULTS = "faults"
 def clean_slate(plane: Plane, token: str) -> RevisionTarget:
     """No replica on either agent but one ready replica of stable on ``gpu-1`` (started if none is); its target."""
     gpu1 = WorkerClient(plane.agents["gpu-1"], token)
-    kept = next((r for r in gpu1.replicas() if r["revision"] == plane.stable.fingerprint and r["state"] == "ready"),
+    kept = next((r for r in gpu1.replicas() if r.revision == plane.stable.fingerprint and r.state == "ready"),
                 None)
     for url in plane.agents.values():
         agent = WorkerClient(url, token)
         for replica in agent.replicas():
-            if replica["state"] in ("loading", "warming", "ready") and replica != kept:
-                agent.drain(str(replica["replica_id"]), 5)
-        wait_until(lambda agent=agent: all(r["state"] != "draining" for r in agent.replicas()), 120,
+            if replica.state in ("loading", "warming", "ready") and replica != kept:
+                agent.drain(str(replica.replica_id), 5)
+        wait_until(lambda agent=agent: all(r.state != "draining" for r in agent.replicas()), 120,
                    f"{url}'s replicas drained")
     if kept is None:
         return start_stable(gpu1, plane.s3, plane.digests["stable"])
-    return RevisionTarget(fingerprint=plane.stable.fingerprint, endpoints=(str(kept["endpoint"]),),
-                          served_model=str(kept["served_model"]))
+    return RevisionTarget(fingerprint=plane.stable.fingerprint, endpoints=(str(kept.endpoint),),
+                          served_model=str(kept.served_model))
 
 
 def failed_after(loop: OpenLoop, moment: float) -> list[Sent]:
@@ -901,8 +921,8 @@ def test_control_cut_from_every_host_mid_canary_leaves_stable_in_a_lease_then_a_
     assert [run.data.tags.get("revgate.decision") for run in runs] == ["rolled_back", "rolled_back"], [
         run.data.tags for run in runs]
     left = WorkerClient(plane.agents["gpu-1"], token).replicas()
-    assert "ready" in [r["state"] for r in left if r["revision"] == stable.fingerprint]  # stable stayed ready
-    assert not [r for r in left if r["revision"] == candidate and r["state"] == "ready"], left  # both drained
+    assert "ready" in [r.state for r in left if r.revision == stable.fingerprint]  # stable stayed ready
+    assert not [r for r in left if r.revision == candidate and r.state == "ready"], left  # both drained
 
 
 @pytest.mark.engine
@@ -985,5 +1005,5 @@ def test_a_gpu_host_killed_mid_canary_costs_no_request_and_a_candidate_no_agent_
     assert run.data.tags["revgate.decision"] == "rolled_back", run.data.tags
     stopped = run.data.tags["revgate.step.stopped"]
     assert "no candidate replica confirmed ready" in stopped and plane.agents["gpu-1"].rstrip("/") in stopped, stopped
-    assert "ready" in [r["state"] for r in WorkerClient(plane.agents["gpu-1"], token).replicas()
-                       if r["revision"] == stable.fingerprint]  # stable never stopped being ready
+    assert "ready" in [r.state for r in WorkerClient(plane.agents["gpu-1"], token).replicas()
+                       if r.revision == stable.fingerprint]  # stable never stopped being ready

@@ -131,7 +131,7 @@ def test_a_slow_canary_fails_its_slo_from_users_traffic_alone(live: Estate, tmp_
     assert counts["stable_probes"] == counts["candidate_probes"] == 0, counts
     assert counts["candidate_users"] > 0 and counts["stable_users"] > 0, counts
     # Side by side on one host, each engine computed on its own cores.
-    cores = {r["revision"]: tuple(r["cpu_cores"]) for r in live.client.replicas() if r["cpu_cores"]}
+    cores = {r.revision: tuple(r.cpu_cores) for r in live.client.replicas() if r.cpu_cores}
     assert len(set(cores.values())) == len(cores) == 2, cores
 
 

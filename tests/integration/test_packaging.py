@@ -173,12 +173,12 @@ def test_a_router_and_a_worker_agent_serve_from_their_light_environments(
     client, agent = light_worker
     request = published_request(tmp_path, zoo_dir / load_revisions(zoo_dir)["stable"].path)
     started = client.start(request)
-    ready = client.wait_for(started["replica_id"], {"ready"}, START_TIMEOUT_S)
-    assert ready["state"] == "ready", ready
+    ready = client.wait_for(started.replica_id, {"ready"}, START_TIMEOUT_S)
+    assert ready.state == "ready", ready
     first = RouteSnapshot.build(
         route="edge", generation=1, created_by="tests", created_at=datetime.now(UTC).isoformat(), reveal_revision=True,
-        stable={"fingerprint": request.revision.fingerprint, "endpoints": [ready["endpoint"]],
-                "served_model": ready["served_model"]},
+        stable={"fingerprint": request.revision.fingerprint, "endpoints": [ready.endpoint],
+                "served_model": ready.served_model},
     )
     (tmp_path / "router").mkdir()
     light_router = (str(hosts["router"] / "bin" / "revgate"),)
@@ -192,4 +192,4 @@ def test_a_router_and_a_worker_agent_serve_from_their_light_environments(
     # The agent's SIGTERM drains its replica: the engine it started ends with it.
     agent.send_signal(signal.SIGTERM)
     agent.wait(60)
-    wait_until(lambda: not pid_alive(ready["pid"]), 30, "the engine ends with its agent")
+    wait_until(lambda: not pid_alive(ready.pid), 30, "the engine ends with its agent")

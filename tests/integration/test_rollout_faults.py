@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from revgate.manifests.rollout import Approve, Bake, RolloutPlan, SetWeight
 from revgate.registry.follow import ROUTE_STATUS
 from revgate.registry.ledger import EvidenceLedger
+from revgate.serving.worker.views import ReplicaView
 from tests.integration.commands import revgate
 from tests.integration.rollout_estate import Estate, LedgerServer, OpenLoop, Rollout, estate, rollout, wait_until
 
@@ -56,11 +57,11 @@ def evidence_run(handle: Rollout) -> Any:
     return client.search_runs([experiment.experiment_id])[0]
 
 
-def serving_replica(parts: Estate, endpoints: tuple[str, ...]) -> dict[str, Any]:
+def serving_replica(parts: Estate, endpoints: tuple[str, ...]) -> ReplicaView:
     """The worker's ready replica behind one of ``endpoints`` (the module's tests share the worker)."""
     return next(r for r in parts.client.replicas()
-                if str(r.get("endpoint", "")).rstrip("/") in {url.rstrip("/") for url in endpoints}
-                and r["state"] == "ready")
+                if str(r.endpoint).rstrip("/") in {url.rstrip("/") for url in endpoints}
+                and r.state == "ready")
 
 
 def half_then_promote(window_s: int, renew_s: int = 2, bake_s: int = 2) -> RolloutPlan:
@@ -257,7 +258,7 @@ def test_a_candidate_replica_killed_mid_canary_is_rolled_back_automatically(part
         wait_until(lambda: len(handle.traffic.served_by(candidate)) >= 3, 60, "the candidate serving")
         canary = handle.current().generation
         engine = serving_replica(parts, handle.current().candidate.endpoints)  # type: ignore[union-attr]
-        os.kill(int(engine["pid"]), signal.SIGKILL)
+        os.kill(int(engine.pid), signal.SIGKILL)
         killed_at = time.time()
         back = wait_until(lambda: handle.current().generation > canary and handle.current().candidate is None
                           and handle.current(), 60, "the route back on stable")
@@ -491,7 +492,7 @@ def test_a_revert_in_the_window_moves_the_registrys_stable_alias_back_and_eviden
                    "the stable alias on the promoted revision")
         # The promoted revision's engine dies inside the window: the flow reverts to the old stable, still warm.
         engine = serving_replica(parts, promoted.stable.endpoints)  # not another test's replica of the revision
-        os.kill(int(engine["pid"]), signal.SIGKILL)
+        os.kill(int(engine.pid), signal.SIGKILL)
         assert handle.wait_flow(180) == 3, handle.flow_log()[-3000:]
     back = handle.current()
     assert back.stable.fingerprint == old and back.created_by == handle.spec.created_by  # the window's revert
@@ -529,7 +530,7 @@ def test_a_window_whose_controller_died_keeps_the_old_stable_for_the_hold_then_i
         os.kill(handle.process.pid, signal.SIGKILL)  # inside the window
         handle.process.wait(30)
         promoted = handle.current()
-        old_replica = serving_replica(parts, old.endpoints)["replica_id"]
+        old_replica = serving_replica(parts, old.endpoints).replica_id
         # The worker is shared with the module's other tests, whose routes are in stores of their own: their
         # leftovers may be reaped too. What this route holds is what the test is about.
         gc = ["gc", "--routes", handle.spec.route_store, "--worker", parts.worker_url, "--token-file",
@@ -537,11 +538,11 @@ def test_a_window_whose_controller_died_keeps_the_old_stable_for_the_hold_then_i
 
         held = revgate(*gc)  # the default hold is the plans' default window: a rollback may still want it
         assert held.returncode == 0 and f"reap {old_replica} " not in held.stdout, held.stdout
-        assert parts.client.replica(old_replica)["state"] == "ready"
+        assert parts.client.replica(old_replica).state == "ready"
 
         reaped = revgate(*gc, "--hold-s", "0")  # as once the window would have ended
         assert reaped.returncode == 0, reaped.stderr
         assert f"reap {old_replica} " in reaped.stdout, reaped.stdout
-        wait_until(lambda: parts.client.replica(old_replica)["state"] == "terminated", 120, "the old stable reaped")
-        assert serving_replica(parts, promoted.stable.endpoints)["state"] == "ready"  # what the route serves stays
+        wait_until(lambda: parts.client.replica(old_replica).state == "terminated", 120, "the old stable reaped")
+        assert serving_replica(parts, promoted.stable.endpoints).state == "ready"  # what the route serves stays
     assert handle.traffic.failed() == [], handle.traffic.failed()[:3]

@@ -41,6 +41,7 @@ from revgate.serving.worker.client import WorkerClient, WorkerRequestFailed, Wor
 from revgate.serving.worker.engine import engine_python, free_port, session_members
 from revgate.serving.worker.request import ReplicaRequest, SignaturePolicySpec
 from revgate.serving.worker.sealed import is_read_only
+from revgate.serving.worker.views import CapacityReport, ReplicaView
 from revgate.zoo.index import load_revisions
 from tests.integration.signing_material import write_key
 
@@ -212,11 +213,11 @@ def test_the_agent_names_its_engine_build_and_what_it_can_run(worker: Worker) ->
 def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drain(worker: Worker) -> None:
     client, request = worker.client, worker.request
     started = [client.start(request) for _ in range(3)]
-    ids = [replica["replica_id"] for replica in started]
-    assert started[0]["state"] == "created" and len(set(ids)) == 3
+    ids = [replica.replica_id for replica in started]
+    assert started[0].state == "created" and len(set(ids)) == 3
     check_another_policy_is_refused_while_loading(worker, ids)
     a, b, c = (client.wait_for(replica_id, {"ready"}, START_TIMEOUT_S) for replica_id in ids)
-    states = [(r["state"], r["failure"]) for r in (a, b, c)]
+    states = [(r.state, r.failure) for r in (a, b, c)]
     assert [state for state, _ in states] == ["ready"] * 3, (states, worker.log.read_text()[-3000:])
     check_ready_replica(a, request)
     check_capacity(client.capacity(), request, ready=[a, b, c])
@@ -227,16 +228,16 @@ def test_replicas_start_verified_warm_serve_die_loudly_refuse_tampering_and_drai
     check_replicas_take_turns_on_the_cores(worker, [a, b, c])
 
     # kill -9 of a replica: noticed, reported with exit status and log tail, not restarted.
-    os.kill(b["pid"], signal.SIGKILL)
-    died = client.wait_for(b["replica_id"], {"failed"}, 30)
-    assert died["state"] == "failed"
-    assert died["failure"]["exit_code"] == -signal.SIGKILL
-    assert died["failure"]["error"] == "ReplicaDied" and died["failure"]["log_tail"]
-    assert died["probes"] == {"startup": True, "liveness": False, "readiness": False}
+    os.kill(b.pid, signal.SIGKILL)
+    died = client.wait_for(b.replica_id, {"failed"}, 30)
+    assert died.state == "failed"
+    assert died.failure.exit_code == -signal.SIGKILL
+    assert died.failure.error == "ReplicaDied" and died.failure.log_tail
+    assert died.probes == {"startup": True, "liveness": False, "readiness": False}
     # Released: its folder is removed once the engine is reaped; nothing took its place.
-    wait_until(lambda: not (worker.cache / "replicas" / b["replica_id"]).exists(), 30, "b's folder removed")
-    assert [r["replica_id"] for r in client.replicas()] == ids
-    assert client.replica(b["replica_id"])["state"] == "failed"
+    wait_until(lambda: not (worker.cache / "replicas" / b.replica_id).exists(), 30, "b's folder removed")
+    assert [r.replica_id for r in client.replicas()] == ids
+    assert client.replica(b.replica_id).state == "failed"
     check_capacity(client.capacity(), request, ready=[a, c])
 
     check_tampered_cache_is_refused(worker, a)
@@ -254,22 +255,22 @@ def engine_cores(pid: int) -> set[tuple[int, ...]]:
     return found
 
 
-def check_replicas_take_turns_on_the_cores(worker: Worker, ready: list[dict[str, Any]]) -> None:
+def check_replicas_take_turns_on_the_cores(worker: Worker, ready: list[ReplicaView]) -> None:
     """Each engine computes on its slot's cores only (every thread, the engine's children too), and the
     ready replicas take turns on the slots: over a few turns each is seen on every slot."""
-    slots = worker.client.capacity()["slots"]
-    seen: dict[str, set[tuple[int, ...]]] = {r["replica_id"]: set() for r in ready}
+    slots = worker.client.capacity().slots
+    seen: dict[str, set[tuple[int, ...]]] = {r.replica_id: set() for r in ready}
 
     def consistent_and_turned() -> bool:
         for replica_id, cores in seen.items():
             replica = worker.client.replica(replica_id)
-            reported = tuple(replica["cpu_cores"])
-            if engine_cores(replica["pid"]) == {reported}:  # between a move and its report they differ
+            reported = tuple(replica.cpu_cores)
+            if engine_cores(replica.pid) == {reported}:  # between a move and its report they differ
                 cores.add(reported)
         return all(len(cores) == min(slots, len(ready)) for cores in seen.values())
 
     if slots < 2:  # one slot: every engine binds to all of this host's cores and nothing takes turns
-        assert all(engine_cores(r["pid"]) == {tuple(sorted(os.sched_getaffinity(0)))} for r in ready)
+        assert all(engine_cores(r.pid) == {tuple(sorted(os.sched_getaffinity(0)))} for r in ready)
         return
     wait_until(consistent_and_turned, 60, f"every replica seen bound to each of the {slots} slots ({seen})")
 
@@ -278,21 +279,21 @@ def check_another_policy_is_refused_while_loading(worker: Worker, loading: list[
     """A start of the same artifact under another signer's key, while it loads: refused, nothing moved."""
     other, _ = write_key(worker.keys, "other-signer")
     policy = SignaturePolicySpec(kind="key", public_key=str(other.public))
-    assert {worker.client.replica(replica_id)["state"] for replica_id in loading} <= {"created", "loading"}
+    assert {worker.client.replica(replica_id).state for replica_id in loading} <= {"created", "loading"}
     with pytest.raises(WorkerRequestFailed, match="409: SignaturePolicyConflict") as refused:
         worker.client.start(worker.request.model_copy(update={"signature_policy": policy}))
     assert "same signature policy" in refused.value.fix
-    assert [r["replica_id"] for r in worker.client.replicas()] == loading
+    assert [r.replica_id for r in worker.client.replicas()] == loading
     assert not (worker.cache / "quarantine").exists()
 
 
-def check_engine_listens_on_loopback_only(worker: Worker, replica: dict[str, Any]) -> None:
+def check_engine_listens_on_loopback_only(worker: Worker, replica: ReplicaView) -> None:
     """vLLM's own port answers on 127.0.0.1 only; the worker's address reaches the proxy alone."""
-    engine_port = replica["engine_port"]
+    engine_port = replica.engine_port
     assert listening_addresses(engine_port) == {"127.0.0.1"}
     assert not accepts(worker.host, engine_port)
-    assert replica["endpoint"].startswith(f"http://{worker.host}:")
-    assert http(replica["endpoint"] + "/v1/models")[0] == 200
+    assert replica.endpoint.startswith(f"http://{worker.host}:")
+    assert http(replica.endpoint + "/v1/models")[0] == 200
 
 
 def model_ids(url: str) -> list[str]:
@@ -301,71 +302,71 @@ def model_ids(url: str) -> list[str]:
     return sorted(model["id"] for model in json.loads(body)["data"])
 
 
-def check_proxy_exposes_only_inference(worker: Worker, replica: dict[str, Any], other: dict[str, Any]) -> None:
+def check_proxy_exposes_only_inference(worker: Worker, replica: ReplicaView, other: ReplicaView) -> None:
     """Runtime LoRA loading works on the engine itself (shown on ``other``), never through a proxy."""
     load = {"lora_name": "smuggled", "lora_path": str(worker.adapter)}
-    engine = f"http://127.0.0.1:{other['engine_port']}"
+    engine = f"http://127.0.0.1:{other.engine_port}"
     status, _, body = http(engine + "/v1/load_lora_adapter", load)
     assert status == 200 and "smuggled" in model_ids(engine), body  # the door the proxy keeps shut
 
-    before = model_ids(replica["endpoint"])
+    before = model_ids(replica.endpoint)
     for path, payload in (("/v1/load_lora_adapter", load), ("/v1/unload_lora_adapter", {"lora_name": "x"}),
-                          ("/tokenize", {"model": replica["served_model"], "prompt": "a"}),
+                          ("/tokenize", {"model": replica.served_model, "prompt": "a"}),
                           ("/v1/completions/../load_lora_adapter", load)):
-        status, headers, body = http(replica["endpoint"] + path, payload)
+        status, headers, body = http(replica.endpoint + path, payload)
         error = json.loads(body)["error"]
         assert (status, error["type"]) == (404, "not_found"), body
         assert "is not exposed by the replica proxy" in error["message"]
-        assert headers["x-revgate-revision"] == replica["revision"]
-    assert model_ids(replica["endpoint"]) == before == [replica["served_model"]]
+        assert headers["x-revgate-revision"] == replica.revision
+    assert model_ids(replica.endpoint) == before == [replica.served_model]
     # The count drops when the proxy's task for the request ends, just after its answer is written: polled.
-    wait_until(lambda: worker.client.replica(replica["replica_id"])["in_flight"] == 0, 30,
+    wait_until(lambda: worker.client.replica(replica.replica_id).in_flight == 0, 30,
                "no refused request left in the replica's in-flight count")
 
 
-def check_replica_loads_its_own_read_only_files(worker: Worker, replica: dict[str, Any]) -> None:
+def check_replica_loads_its_own_read_only_files(worker: Worker, replica: ReplicaView) -> None:
     """The engine loads the replica's folder: read-only hard links to the verified cache entry."""
-    folder = worker.cache / "replicas" / replica["replica_id"]
+    folder = worker.cache / "replicas" / replica.replica_id
     entry = worker.cache / "artifacts" / worker.request.manifest_digest.removeprefix("sha256:")
-    command = Path(f"/proc/{replica['pid']}/cmdline").read_bytes().split(b"\0")
+    command = Path(f"/proc/{replica.pid}/cmdline").read_bytes().split(b"\0")
     assert command[command.index(b"--model") + 1].decode() == str(folder)
     assert is_read_only(folder) and is_read_only(entry)
     for file in entry.iterdir():
         assert (folder / file.name).stat().st_ino == file.stat().st_ino  # linked, not copied
 
 
-def check_ready_replica(replica: dict[str, Any], request: ReplicaRequest) -> None:
-    assert replica["served_model"] == f"stable@{request.revision.short}"
-    assert replica["revision"] == request.revision.fingerprint
-    assert replica["capacity"]["requests_per_s"] > 0 and replica["capacity"]["concurrency"] == 4
-    timings = replica["timings_s"]
+def check_ready_replica(replica: ReplicaView, request: ReplicaRequest) -> None:
+    assert replica.served_model == f"stable@{request.revision.short}"
+    assert replica.revision == request.revision.fingerprint
+    assert replica.capacity.requests_per_s > 0 and replica.capacity.concurrency == 4
+    timings = replica.timings_s
     assert {"fetch_s", "verify_s", "engine_start_s", "warm_s"} <= timings.keys()
-    assert pid_alive(replica["pid"])
-    assert replica["probes"] == {"startup": True, "liveness": True, "readiness": True}
+    assert pid_alive(replica.pid)
+    assert replica.probes == {"startup": True, "liveness": True, "readiness": True}
 
 
-def check_capacity(report: dict[str, Any], request: ReplicaRequest, ready: list[dict[str, Any]]) -> None:
-    entry = report["revisions"][request.revision.fingerprint]
-    assert entry["ready_replicas"] == len(ready)
-    assert sorted(entry["ready"]) == sorted(r["replica_id"] for r in ready)
-    expected = sum(r["capacity"]["requests_per_s"] for r in ready)
-    assert abs(entry["requests_per_s"] - expected) < 1e-6
+def check_capacity(report: CapacityReport, request: ReplicaRequest, ready: list[ReplicaView]) -> None:
+    entry = report.revisions[request.revision.fingerprint]
+    assert entry.ready_replicas == len(ready)
+    assert sorted(entry.ready) == sorted(r.replica_id for r in ready)
+    expected = sum(r.capacity.requests_per_s for r in ready)
+    assert abs(entry.requests_per_s - expected) < 1e-6
     # By endpoint, so a controller counts only the replicas its route sends to.
-    assert entry["ready_endpoints"] == {r["endpoint"]: r["capacity"]["requests_per_s"] for r in ready}
+    assert entry.ready_endpoints == {r.endpoint: r.capacity.requests_per_s for r in ready}
 
 
-def check_serving(replica: dict[str, Any], request: ReplicaRequest) -> None:
-    engine = f"http://127.0.0.1:{replica['engine_port']}"
+def check_serving(replica: ReplicaView, request: ReplicaRequest) -> None:
+    engine = f"http://127.0.0.1:{replica.engine_port}"
     for example in examples(4, 6):
-        status, headers, body = completion(replica["endpoint"], replica["served_model"], 8, prompt=example.prompt)
+        status, headers, body = completion(replica.endpoint, replica.served_model, 8, prompt=example.prompt)
         assert status == 200, body
         assert headers["x-revgate-revision"] == request.revision.fingerprint
         assert json.loads(body)["usage"]["completion_tokens"] == 8
         # The proxy relays the engine's answer unchanged (greedy: the same text both ways).
-        _, _, direct = completion(engine, replica["served_model"], 8, prompt=example.prompt)
+        _, _, direct = completion(engine, replica.served_model, 8, prompt=example.prompt)
         assert json.loads(body)["choices"][0]["text"] == json.loads(direct)["choices"][0]["text"]
-    _, _, whole = completion(replica["endpoint"], replica["served_model"], 8, prompt=example.prompt)
-    status, headers, body = completion(replica["endpoint"], replica["served_model"], 8, stream=True,
+    _, _, whole = completion(replica.endpoint, replica.served_model, 8, prompt=example.prompt)
+    status, headers, body = completion(replica.endpoint, replica.served_model, 8, stream=True,
                                        prompt=example.prompt)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     assert headers["x-revgate-revision"] == request.revision.fingerprint
@@ -375,11 +376,11 @@ def check_serving(replica: dict[str, Any], request: ReplicaRequest) -> None:
     assert streamed == json.loads(whole)["choices"][0]["text"]
 
 
-def check_tampered_cache_is_refused(worker: Worker, serving: dict[str, Any]) -> None:
+def check_tampered_cache_is_refused(worker: Worker, serving: ReplicaView) -> None:
     """A cache file replaced after verification: the next start refuses it; a serving replica keeps its files."""
     artifact = worker.cache / "artifacts" / worker.request.manifest_digest.removeprefix("sha256:")
     config = artifact / "config.json"
-    loaded = worker.cache / "replicas" / serving["replica_id"] / "config.json"
+    loaded = worker.cache / "replicas" / serving.replica_id / "config.json"
     verified = loaded.read_bytes()
     artifact.chmod(0o755)  # what a writer allowed to change the read-only folder does first
     partial = artifact / ".config.json.new"
@@ -387,43 +388,44 @@ def check_tampered_cache_is_refused(worker: Worker, serving: dict[str, Any]) -> 
     os.replace(partial, config)
     assert loaded.read_bytes() == verified
     refused = worker.client.start(worker.request)
-    view = worker.client.wait_for(refused["replica_id"], {"failed"}, 120)
-    assert view["state"] == "failed"
-    assert view["failure"]["error"] == "DigestMismatch" and "config.json" in view["failure"]["message"]
-    assert view["pid"] is None and view["engine_port"] is None  # no process was started
-    assert not (worker.cache / "logs" / f"{refused['replica_id']}.log").exists()
+    view = worker.client.wait_for(refused.replica_id, {"failed"}, 120)
+    assert view.state == "failed"
+    assert view.failure.error == "DigestMismatch" and "config.json" in view.failure.message
+    assert view.pid is None and view.engine_port is None  # no process was started
+    assert not (worker.cache / "logs" / f"{refused.replica_id}.log").exists()
     assert not artifact.exists() and list((worker.cache / "quarantine").iterdir())
-    assert loaded.read_bytes() == verified and not (worker.cache / "replicas" / refused["replica_id"]).exists()
+    assert loaded.read_bytes() == verified and not (worker.cache / "replicas" / refused.replica_id).exists()
 
 
-def check_a_stuck_engine_is_killed_when_draining(worker: Worker, replica: dict[str, Any]) -> None:
+def check_a_stuck_engine_is_killed_when_draining(worker: Worker, replica: ReplicaView) -> None:
     """An engine that ignores SIGTERM (stopped): killed after the grace period and the stop timeout."""
-    client, replica_id = worker.client, replica["replica_id"]
-    os.kill(replica["pid"], signal.SIGSTOP)
+    client, replica_id = worker.client, replica.replica_id
+    os.kill(replica.pid, signal.SIGSTOP)
     answers: list[tuple[int, dict[str, str], bytes]] = []
-    request = threading.Thread(target=lambda: answers.append(completion(replica["endpoint"],
-                                                                         replica["served_model"], 8)))
+    request = threading.Thread(target=lambda: answers.append(completion(replica.endpoint,
+                                                                         replica.served_model, 8)))
     request.start()
-    wait_until(lambda: client.replica(replica_id)["in_flight"] == 1, 30, "a request in flight to the stuck engine")
+    wait_until(lambda: client.replica(replica_id).in_flight == 1, 30, "a request in flight to the stuck engine")
     began = time.monotonic()
     client.drain(replica_id, grace_s=1)
     done = client.wait_for(replica_id, {"terminated"}, 120)
     took = time.monotonic() - began
     request.join(30)
-    drain = done["drain"]
-    assert done["state"] == "terminated", done
-    assert drain["killed"] and f"did not exit within {STOP_TIMEOUT_S} s of SIGTERM" in drain["stop_reason"]
-    assert drain["process_exit_code"] == -signal.SIGKILL
-    assert drain["port_released"] and drain["memory_released"] and not pid_alive(replica["pid"])
+    drain = done.drain
+    assert drain is not None, done
+    assert done.state == "terminated", done
+    assert drain.killed and f"did not exit within {STOP_TIMEOUT_S} s of SIGTERM" in drain.stop_reason
+    assert drain.process_exit_code == -signal.SIGKILL
+    assert drain.port_released and drain.memory_released and not pid_alive(replica.pid)
     assert took >= 1 + STOP_TIMEOUT_S  # the grace period and the SIGTERM wait both came first
-    assert drain["cancelled"] == 1
+    assert drain.cancelled == 1
     status, _, body = answers[0]
     assert status == 503 and "grace period of 1 s ended" in json.loads(body)["error"]["message"]
     assert not (worker.cache / "replicas" / replica_id).exists()
 
 
-def check_drain_with_requests_in_flight(worker: Worker, replica: dict[str, Any]) -> None:
-    client, endpoint, model = worker.client, replica["endpoint"], replica["served_model"]
+def check_drain_with_requests_in_flight(worker: Worker, replica: ReplicaView) -> None:
+    client, endpoint, model = worker.client, replica.endpoint, replica.served_model
     results: list[tuple[int, dict[str, str], bytes]] = []
     threads = [threading.Thread(target=lambda: results.append(completion(endpoint, model, 48))) for _ in range(8)]
     for thread in threads:
@@ -432,11 +434,11 @@ def check_drain_with_requests_in_flight(worker: Worker, replica: dict[str, Any])
     port = int(endpoint.rsplit(":", 1)[1])
     stalled = socket.create_connection((worker.host, port))
     stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-    wait_until(lambda: client.replica(replica["replica_id"])["in_flight"] >= 3, 30, "requests in flight")
-    draining = client.drain(replica["replica_id"], grace_s=8)
-    assert draining["state"] == "draining" and not draining["ready"]
+    wait_until(lambda: client.replica(replica.replica_id).in_flight >= 3, 30, "requests in flight")
+    draining = client.drain(replica.replica_id, grace_s=8)
+    assert draining.state == "draining" and not draining.ready
     # Counted when readiness was withdrawn: the stalled request and at least one generating request.
-    in_flight_at_drain = draining["in_flight"]
+    in_flight_at_drain = draining.in_flight
     assert in_flight_at_drain >= 2
     status, headers, body = completion(endpoint, model, 4)
     assert status == 503 and headers["retry-after"] == "1"
@@ -452,12 +454,13 @@ def check_drain_with_requests_in_flight(worker: Worker, replica: dict[str, Any])
     stalled.settimeout(30)
     answer = stalled.recv(4096).decode()
     assert answer.startswith("HTTP/1.1 503") and "grace period of 8 s ended" in answer
-    done = client.wait_for(replica["replica_id"], {"terminated"}, 60)
-    drain = done["drain"]
-    assert done["state"] == "terminated"
-    assert (drain["completed"], drain["cancelled"]) == (in_flight_at_drain - 1, 1)
-    assert drain["port_released"] and drain["memory_released"]
-    assert not pid_alive(replica["pid"]) and not drain["killed"] and drain["stop_reason"] == ""
-    assert not (worker.cache / "replicas" / replica["replica_id"]).exists()
+    done = client.wait_for(replica.replica_id, {"terminated"}, 60)
+    drain = done.drain
+    assert drain is not None, done
+    assert done.state == "terminated"
+    assert (drain.completed, drain.cancelled) == (in_flight_at_drain - 1, 1)
+    assert drain.port_released and drain.memory_released
+    assert not pid_alive(replica.pid) and not drain.killed and drain.stop_reason == ""
+    assert not (worker.cache / "replicas" / replica.replica_id).exists()
     with pytest.raises(ConnectionError):
         socket.create_connection((worker.host, port), timeout=2)

@@ -56,22 +56,22 @@ def test_a_restarted_agent_adopts_the_replica_it_left_and_one_without_the_flag_s
 def adopted_then_stopped(request: ReplicaRequest, cache: Path, token: Path, port: int, log: Path) -> None:
     with agent(cache, token, port, keep=True) as client:
         started = client.start(request)
-        view = client.wait_for(str(started["replica_id"]), {"ready"}, START_TIMEOUT_S)
-        assert view["state"] == "ready", view
-    replica_id, endpoint, pid = str(view["replica_id"]), str(view["endpoint"]), int(view["pid"])
+        view = client.wait_for(str(started.replica_id), {"ready"}, START_TIMEOUT_S)
+        assert view.state == "ready", view
+    replica_id, endpoint, pid = str(view.replica_id), str(view.endpoint), int(view.pid)
     assert session_members(pid), "the kept replica's engine did not outlive its agent"
 
     with agent(cache, token, port, keep=True) as client:
         [adopted] = client.replicas()
-        assert (adopted["replica_id"], adopted["state"], adopted["endpoint"], adopted["pid"], adopted["adopted"]) == (
+        assert (adopted.replica_id, adopted.state, adopted.endpoint, adopted.pid, adopted.adopted) == (
             replica_id, "ready", endpoint, pid, True), adopted
-        status, _, body = completion(endpoint, str(adopted["served_model"]), 4)
+        status, _, body = completion(endpoint, str(adopted.served_model), 4)
         assert status == 200, body[:300]
-        assert client.capacity()["revisions"][str(adopted["revision"])]["ready_replicas"] == 1
+        assert client.capacity().revisions[str(adopted.revision)].ready_replicas == 1
         second = client.start(request.model_copy(update={"warm": request.warm}))
-        assert second["replica_id"] != replica_id  # a new replica never takes an adopted id
-        client.drain(str(second["replica_id"]), 1)
-    assert f"replica {replica_id} ({adopted['served_model']}) left by the last agent on this cache: adopted" \
+        assert second.replica_id != replica_id  # a new replica never takes an adopted id
+        client.drain(str(second.replica_id), 1)
+    assert f"replica {replica_id} ({adopted.served_model}) left by the last agent on this cache: adopted" \
         in log.read_text()
     assert session_members(pid), "the twice-kept engine did not outlive its second agent"
 
@@ -89,13 +89,13 @@ def test_an_agent_killed_hard_leaves_nothing_the_next_agent_does_not_stop(tmp_pa
     cache, token, port = tmp_path / "cache", processes.token_file(tmp_path / "token"), free_port()
     with agent(cache, token, port, keep=False) as client:
         started = client.start(request)
-        view = client.wait_for(str(started["replica_id"]), {"ready"}, START_TIMEOUT_S)
-        assert view["state"] == "ready", view
+        view = client.wait_for(str(started.replica_id), {"ready"}, START_TIMEOUT_S)
+        assert view.state == "ready", view
         client.process.kill()  # type: ignore[attr-defined]
         client.process.wait(30)  # type: ignore[attr-defined]
-    pid = int(view["pid"])
+    pid = int(view.pid)
     with agent(cache, token, port, keep=False) as client:
         assert client.replicas() == []
         wait_until(lambda: not session_members(pid), 60, "nothing of the killed agent's engine running")
     said = (tmp_path / "worker.log").read_text()
-    assert f"replica {view['replica_id']} ({view['served_model']}) left by the last agent on this cache: " in said
+    assert f"replica {view.replica_id} ({view.served_model}) left by the last agent on this cache: " in said

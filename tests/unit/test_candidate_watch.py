@@ -4,9 +4,8 @@ replica has been confirmed ready for the silence limit."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from revgate.flows.steps import CandidateWatch, ReplicaKey
+from revgate.serving.worker.views import ReplicaView
 
 GPU1, GPU2 = ("http://198.18.0.5:9100", "r-1"), ("http://198.18.0.6:9100", "r-1")
 
@@ -18,11 +17,14 @@ class Fleet:
         self.states: dict[ReplicaKey, str | None] = {GPU1: "ready", GPU2: "ready"}
         self.now = 1000.0
 
-    def ask(self, key: ReplicaKey) -> dict[str, Any]:
+    def ask(self, key: ReplicaKey) -> ReplicaView:
         state = self.states[key]
         if state is None:
             raise ConnectionRefusedError(f"{key[0]} refused the connection")
-        return {"state": state, "failure": {"message": "engine exited with -9"} if state == "failed" else None}
+        failure = {"error": "EngineExited", "message": "engine exited with -9"} if state == "failed" else None
+        return ReplicaView.model_validate({"replica_id": key[1], "revision": "sha256:" + "a" * 64,
+                                           "served_model": "m", "state": state, "failure": failure,
+                                           "worker_url": key[0]})
 
 
 def watch(fleet: Fleet, silence_s: float = 20.0) -> CandidateWatch:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from revgate.promotion.capacity import RevisionCapacity
-from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, routers_behind
+from revgate.promotion.fleet import AgentSlots, merge_capacity, place_replicas, replica_count, routers_behind
 
 
 def test_replicas_spread_over_agents_before_any_agent_gets_a_second() -> None:
@@ -29,3 +29,11 @@ def test_a_router_behind_or_silent_is_named_with_what_it_serves() -> None:
     served = {"http://r1": 7, "http://r2": 6, "http://r3": None, "http://r4": 8}
     assert routers_behind(served, 7) == {"http://r2": 6, "http://r3": None}
     assert routers_behind({"http://r1": 7}, 7) == {}
+
+
+def test_unless_the_plan_says_a_candidate_gets_two_replicas_where_two_agents_have_room() -> None:
+    two = [AgentSlots("http://a", 1), AgentSlots("http://b", 2)]
+    assert replica_count(None, two) == 2 and place_replicas(two, replica_count(None, two)) == ["http://b", "http://a"]
+    assert replica_count(None, [AgentSlots("http://a", 2), AgentSlots("http://b", 0)]) == 1  # one domain with room
+    assert replica_count(None, [AgentSlots("http://a", 4)]) == 1
+    assert replica_count(3, [AgentSlots("http://a", 4)]) == 3  # what the plan asks, whatever the fleet

@@ -14,6 +14,7 @@ import pytest
 
 from revgate.evaluation import evidence, graders, traces
 from revgate.evaluation.records import RequestRecord
+from revgate.manifests.seam import Answer, Exchange, MemoryTransport
 
 
 def record(text: str | None, reference: str | None = None, **fields: Any) -> RequestRecord:
@@ -57,16 +58,26 @@ def test_all_of_takes_the_worst_applicable_grade() -> None:
 
 
 def test_judge_grader_sends_the_rubric_and_reads_the_score() -> None:
-    sent: list[dict[str, Any]] = []
+    judge = MemoryTransport({("POST", "/v1/chat/completions"): lambda exchange: (
+        200, {"choices": [{"message": {"content": 'Sure: {"score": 0.75, "reason": "close"}'}}]})})
 
-    def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-        sent.append(body | {"url": url})
-        return {"choices": [{"message": {"content": 'Sure: {"score": 0.75, "reason": "close"}'}}]}
-
-    grade = graders.judge_grader("http://judge/v1/", "judge-model", "be exact", post=post)(record("7", "7"))
+    grade = graders.judge_grader("http://judge/v1/", "judge-model", "be exact", transport=judge)(record("7", "7"))
     assert grade == graders.Grade(0.75, "close")
-    assert sent[0]["url"] == "http://judge/v1/chat/completions" and "be exact" in sent[0]["messages"][0]["content"]
+    sent = judge.exchanges[0]
+    assert sent.url == "http://judge/v1/chat/completions"
+    assert "be exact" in json.loads(sent.body or b"")["messages"][0]["content"]
     assert graders.parse_judge_reply("no idea").score == 0.0
+
+
+def test_a_judge_reply_that_is_not_a_chat_completion_is_a_grader_error_naming_the_field() -> None:
+    judge = MemoryTransport({("POST", "/v1/chat/completions"): lambda exchange: (200, {"choices": []})})
+    with pytest.raises(graders.GraderError, match="choices") as caught:
+        graders.judge_grader("http://judge/v1", "m", "be exact", transport=judge)(record("7", "7"))
+    assert caught.value.where == "POST http://judge/v1/chat/completions"
+    refused = MemoryTransport({("POST", "/v1/chat/completions"): lambda exchange: (
+        503, {"error": {"message": "loading", "type": "unavailable"}})})
+    with pytest.raises(graders.GraderError, match="judge answered 503: unavailable: loading"):
+        graders.judge_grader("http://judge/v1", "m", "be exact", transport=refused)(record("7", "7"))
 
 
 def test_generated_trace_is_reproducible_and_labelled_as_asked(tmp_path: Path) -> None:
@@ -186,15 +197,17 @@ class ScriptedJudge:
         self.prompts: list[str] = []
         self.reply = reply
 
-    def __call__(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        prompt = body["messages"][0]["content"]
+    def __call__(self, exchange: Exchange, timeout_s: float) -> Answer:
+        """A judge's chat endpoint, answered in process (the seam's transport)."""
+        assert exchange.url.endswith("/chat/completions")
+        prompt = json.loads(exchange.body or b"")["messages"][0]["content"]
         self.prompts.append(prompt)
         reference = prompt.split("Reference (may be empty):\n")[1].split("\n\nAnswer A:")[0]
         a = prompt.split("Answer A:\n")[1].split("\n\nAnswer B:")[0]
         b = prompt.split("Answer B:\n")[1]
         choice = "B" if b == reference and a != reference else "A"
         content = self.reply or json.dumps({"preference": choice, "reason": "scripted"})
-        return {"choices": [{"message": {"content": content}}]}
+        return Answer(200, json.dumps({"choices": [{"message": {"content": content}}]}).encode())
 
 
 def test_the_pairwise_judge_is_asked_twice_and_order_bias_becomes_a_tie() -> None:

@@ -168,6 +168,13 @@ def test_plan_renews_leases_inside_the_lease() -> None:
         RolloutPlan.build(steps=[Bake(seconds=1)], lease_seconds=10, lease_renew_seconds=6)
 
 
+
+def test_the_heartbeat_watches_every_few_seconds_apart_from_renewal_and_never_less_often() -> None:
+    assert default_plan().watch_every_s == 5 < default_plan().renew_every_s  # 300 s renewals, 5 s watches
+    fast = RolloutPlan.build(steps=[Bake(seconds=1)], lease_seconds=10, lease_renew_seconds=1)
+    assert fast.watch_every_s == 1  # at least once a renewal
+
+
 def test_a_rollback_plan_reads_the_history_only_as_far_as_it_needs() -> None:
     first = route()
     canary_route = desired_route(first, RolloutState(weight_ppm=10_000), CANDIDATE, lease_seconds=60, by="f", now=NOW)

@@ -22,6 +22,7 @@ from revgate.cli.status import (
     router_state,
     status_json,
 )
+from revgate.serving.router.admin_client import RouterHealth
 
 STABLE, CANDIDATE = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
@@ -33,7 +34,8 @@ def view(*, candidate: bool, replica_state: str = "ready", router_generation: in
         route="chat", generation=3, stage="canary" if candidate else "stable",
         stable=Target(STABLE, 900_000 if candidate else 1_000_000, ("http://w1:9001",)),
         candidate=Target(CANDIDATE, 100_000, ("http://w1:9002",)) if candidate else None, shadow=None,
-        routers=(router_state("http://r1:8081", {"status": "ok", "generation": router_generation}, 3),),
+        routers=(router_state("http://r1:8081", RouterHealth(status="ok", route="r", generation=router_generation),
+                              3),),
         workers=(WorkerState("http://w1:9000", True, replicas if candidate else replicas[:1]),),
         links=RunLinks(mlflow="unreachable", prefect="not configured"),
     )
@@ -74,7 +76,7 @@ def test_the_text_names_shares_routers_replicas_and_unreachable_evidence() -> No
 
 
 def test_a_router_behind_the_store_or_silent_is_named() -> None:
-    assert router_state("u", {"generation": 2, "status": "ok"}, 3) == RouterState(
+    assert router_state("u", RouterHealth(generation=2, status="ok", route="r"), 3) == RouterState(
         "u", "behind", 2, "serves generation 2, the store holds 3")
     assert router_state("u", None, 3, "refused") == RouterState("u", "unreachable", None, "refused")
 
