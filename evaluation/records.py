@@ -15,6 +15,8 @@ Outcome = Literal["ok", "error", "timeout", "cancelled", "rejected"]
 # not the route's: the caller's choice, never counted against the revision.
 CALLER_DEADLINE = "the caller's deadline passed"
 ROUTE_DEADLINE = "the request's deadline passed"
+# A candidate's record made from a fallback (see RequestRecord.fallback_from): the error the gates read.
+FALLBACK_ERROR = "fallback to stable: no replica of the revision took the request"
 Arm = Literal["stable", "candidate", "shadow", "direct"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "timeout", "cancelled", "rejected")
 
@@ -44,6 +46,9 @@ class RequestRecord:
     output_text: str | None = None
     reference: str | None = None
     caller_request_id: str = ""  # the caller's own x-request-id (request_id is the router's)
+    # The revision the route assigned the request to, when none of its replicas could take it and stable served
+    # it instead (a fallback): a failure of that revision in the gates, whatever stable answered.
+    fallback_from: str = ""
     # A replay's record: the id the router gave the request, from its answer's x-request-id. The flow
     # joins its probes' labels on it: a caller can send any x-request-id, never the router's own.
     router_request_id: str = ""
@@ -76,6 +81,19 @@ class RequestRecord:
         """Parse one line written by :meth:`to_json`; unknown fields are an error."""
         data: dict[str, Any] = json.loads(line)
         return cls(**data)
+
+
+def fallback_failure(record: RequestRecord) -> RequestRecord:
+    """A fallback's record (``record.fallback_from`` set) as what it says about the revision it fell back from:
+    that revision's own failure, with none of stable's timings or answer. The caller was served; the revision
+    the route gave it to could not serve it, and a canary whose replicas are gone must not pass on stable's
+    answers, nor look healthy because its requests stopped arriving."""
+    return RequestRecord(
+        request_id=record.request_id, revision=record.fallback_from, arm="candidate", arrival_s=record.arrival_s,
+        outcome="error", attempt=record.attempt, route=record.route, generation=record.generation,
+        tenant=record.tenant, slices=dict(record.slices), error=FALLBACK_ERROR, reference=record.reference,
+        caller_request_id=record.caller_request_id, fallback_from=record.fallback_from,
+    )
 
 
 # --- whose outcome a record is ------------------------------------------------------------------

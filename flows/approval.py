@@ -15,8 +15,12 @@ the key that verified it (``approval-statement``, ``approval-signature``, ``appr
 
 from __future__ import annotations
 
+import contextvars
 import json
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -88,15 +92,20 @@ class SignedApproval(Approval):
         "The statement's signature (a Sigstore bundle in the OpenSSF model-signing format) from `revgate approve`."))
 
 
+STOPPED_BY = "the rollout's stop"  # who "answered" a pause that a cancel, a takeover or a fault ended
+
+
 def ask(
     ledger: EvidenceLedger, run: EvidenceRun, *, question: str, markdown: str, shown: str,
-    plan: RolloutPlan, route: str, timeout_s: int,
+    plan: RolloutPlan, route: str, timeout_s: int, stopped: Callable[[], bool] = lambda: False,
 ) -> ApprovalGiven:
     """Pause until a counted answer about the evidence ``shown`` (the report ``markdown``), or the timeout.
 
     ``timeout_s`` bounds the whole wait: answers that count for nothing do not extend it. No counted
     answer in time is a rejection by ``timeout``. Each answer is kept under a name of its own, so a
-    later one (in this pause or a later approve step) never overwrites an earlier one.
+    later one (in this pause or a later approve step) never overwrites an earlier one. Once ``stopped()``
+    (the run cancelled, the route taken over, a watch's fault) the pause ends within a poll, a rejection
+    by STOPPED_BY: the caller then stops the rollout for the reason it was stopped.
     """
     deadline = time.monotonic() + timeout_s
     header = f"## {question}\n\n{allow_list_line(plan.approvers)}{signed_line(plan)}"
@@ -106,7 +115,10 @@ def ask(
         form = (SignedApproval.with_initial_data(description=prompt, evidence_digest=shown, approve=False, route=route)
                 if plan.signed_approval else
                 Approval.with_initial_data(description=prompt, evidence_digest=shown, approve=False))
-        given = paused_for(form, deadline)
+        try:
+            given = paused_for(form, deadline, stopped)
+        except PauseStopped:
+            return ApprovalGiven(False, shown, by=STOPPED_BY)
         if given is None:
             break
         signature = check_signature(given, plan) if isinstance(given, SignedApproval) else None
@@ -124,16 +136,19 @@ def ask(
 PAUSE_POLL_S = 2  # how often a paused run asks Prefect whether it was resumed (and, in an outage, whether it is back)
 
 
-def paused_for(form: type[Approval], deadline: float) -> Approval | None:
+class PauseStopped(Exception):
+    """The rollout was stopped while paused: its pause ends without an answer."""
+
+
+def paused_for(form: type[Approval], deadline: float, stopped: Callable[[], bool] = lambda: False) -> Approval | None:
     """The run paused with ``form`` until it is answered (the answer) or ``deadline`` (None), through Prefect API
     outages: the pause goes on where Prefect left it once the API answers again (or is asked again if it never
-    reached Prefect). Meanwhile the heartbeat renews the leases; the candidate stays watched."""
+    reached Prefect). Meanwhile the heartbeat renews the leases; the candidate stays watched. PauseStopped once
+    ``stopped()``."""
     while (left := deadline - time.monotonic()) > 0:
         asked_at = datetime.now(UTC) - timedelta(seconds=1)  # Prefect's clock is this host's, within a second
         try:
-            answered: Approval | None = pause_flow_run(wait_for_input=form, timeout=max(1, round(left)),
-                                                       poll_interval=PAUSE_POLL_S)
-            return answered
+            return watched_pause(form, max(1, round(left)), stopped)
         except FlowPauseTimeout:
             return None
         except Exception as error:
@@ -146,6 +161,30 @@ def paused_for(form: type[Approval], deadline: float) -> Approval | None:
         if not isinstance(outcome, Repause):
             return outcome
     return None
+
+
+def watched_pause(form: type[Approval], timeout_s: int, stopped: Callable[[], bool]) -> Approval | None:
+    """``pause_flow_run`` in a thread of its own (with this thread's Prefect context), while this one looks at
+    ``stopped()`` every poll: Prefect's pause blocks until it is resumed or times out, and would keep a cancelled
+    or taken-over rollout waiting for the whole approval timeout. Raises what the pause raised."""
+    done: Future[Approval | None] = Future()
+    context = contextvars.copy_context()
+
+    def pause() -> None:
+        try:
+            done.set_result(context.run(pause_flow_run, wait_for_input=form, timeout=timeout_s,
+                                        poll_interval=PAUSE_POLL_S))
+        except BaseException as error:  # handed to the flow's thread, which raises it
+            done.set_exception(error)
+
+    threading.Thread(target=pause, name="approval-pause", daemon=True).start()
+    while True:
+        try:
+            return done.result(timeout=PAUSE_POLL_S)
+        except TimeoutError:
+            if stopped():
+                # The thread is left to its pause's own end (a poll of the run every PAUSE_POLL_S, nothing else).
+                raise PauseStopped from None
 
 
 class Repause:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from revgate.evaluation.records import RequestRecord
+from revgate.evaluation.records import RequestRecord, fallback_failure
 from revgate.evaluation.replay import replay
 from revgate.evaluation.traces import TraceEntry
 from revgate.registry.record_signing import signer_keys
@@ -170,6 +170,7 @@ class StageArms:
     per_router: dict[str, int]
     lost: tuple[str, ...]  # evidence the sink could not give: missing objects, drops, an unreachable store
     prompts: dict[str, str] = field(default_factory=dict)  # shadow: what each paired request asked, by id
+    fallbacks: int = 0  # canary requests the candidate was assigned and stable served: in its arm as failures
 
     def counts(self) -> dict[str, int]:
         """Requests per arm from users and from the flow's probes."""
@@ -181,9 +182,11 @@ class StageArms:
         """One line for the gate report: how much evidence came from users and how much from probes."""
         c = self.counts()
         routers = ", ".join(f"{name} {count}" for name, count in sorted(self.per_router.items())) or "none"
+        fallbacks = (f"; {self.fallbacks} of the candidate's went to stable, no replica of it taking them, and "
+                     "count as its failures" if self.fallbacks else "")
         return (f"evidence from the record sink: stable {c['stable_users']} user + {c['stable_probes']} probe"
                 f" requests, candidate {c['candidate_users']} user + {c['candidate_probes']} probe requests"
-                f" (records per router: {routers})")
+                f" (records per router: {routers}){fallbacks}")
 
 
 class StageRecords:
@@ -280,11 +283,13 @@ class StageRecords:
         return (*self.lost, *((f"record store unavailable: {self.unavailable}",) if self.unavailable else ()))
 
     def canary(self, stable: str, candidate: str, labels: Mapping[str, TraceEntry]) -> StageArms:
-        """Arms by the revision that served each request, with the probes' reference answers."""
+        """Arms by the revision that served each request, with the probes' reference answers. A request the
+        candidate was assigned and stable served (no candidate replica took it) is the candidate's failure."""
         records = [with_labels(r, labels) for r in self.by_id.values()]
-        return StageArms([replace(r, arm="stable") for r in records if r.revision == stable],
-                         [replace(r, arm="candidate") for r in records if r.revision == candidate],
-                         dict(self.per_router), self.problems())
+        fallbacks = [fallback_failure(r) for r in records if r.fallback_from == candidate and r.revision == stable]
+        return StageArms([replace(r, arm="stable") for r in records if r.revision == stable and not r.fallback_from],
+                         [*(replace(r, arm="candidate") for r in records if r.revision == candidate), *fallbacks],
+                         dict(self.per_router), self.problems(), fallbacks=len(fallbacks))
 
     def shadow(self, labels: Mapping[str, TraceEntry]) -> StageArms:
         """Mirrored requests only: the caller's record (stable) and the shadow's answer (candidate) per pair."""

@@ -8,6 +8,7 @@ netns exec NS``), bound to that host's address, with that host's environment and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -20,10 +21,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from revgate.manifests.errors import RevgateError
-from revgate.serving.worker.engine import free_port
+from revgate.serving.worker.engine import free_port, stop_session, stop_with_parent
 
 
 class ServiceFailed(RevgateError):
@@ -76,8 +77,7 @@ def service(
     log.parent.mkdir(parents=True, exist_ok=True)
     base = os.environ if at.environ is None else at.environ
     with log.open("ab") as sink:
-        process = subprocess.Popen([*at.launcher, *argv], stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**base, **(env or {})}, cwd=at.cwd)
+        process = spawn([*at.launcher, *argv], stdout=sink, env={**base, **(env or {})}, cwd=at.cwd)
     try:
         wait_http(health_url, timeout_s, process, log)
         yield process
@@ -179,15 +179,52 @@ def router(routes: str, route: str, folder: Path, token: Path, *, sink: str = ""
         yield at.url(port), at.url(admin)
 
 
+def spawn(argv: Sequence[str], *, stdout: IO[bytes], env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start a service in a session (and process group) of its own, stderr into ``stdout``.
+
+    Its own group, so :func:`stop` reaches whatever it spawned (Prefect's and MLflow's servers run
+    their web servers as children) and a Ctrl-C at a terminal reaches only its owner, which stops it
+    in order. Started from the main thread it also gets SIGTERM when its owner dies, even by SIGKILL
+    (Linux's parent-death signal follows the thread that started it, so only the main thread's, which
+    lives as long as the process, is used).
+    """
+    owner_bound = threading.current_thread() is threading.main_thread()
+    return subprocess.Popen(list(argv), stdout=stdout, stderr=subprocess.STDOUT, env=dict(env) if env else None,
+                            cwd=cwd, start_new_session=True,
+                            preexec_fn=stop_with_parent if owner_bound else None)  # noqa: PLW1509 - prctl only
+
+
 def stop(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
-    """Ask a child to stop (SIGTERM), then kill it if it has not within ``grace_s`` (nothing for one
-    already waited for)."""
-    process.terminate()
+    """Ask a child to stop (SIGTERM to its group when it leads one), then kill what is left after ``grace_s``;
+    whatever else its session still holds once it has exited (a web server's workers) is stopped too."""
+    group = _own_group(process)
+    _signal(process, group, signal.SIGTERM)
     try:
         process.wait(grace_s)
     except subprocess.TimeoutExpired:
-        process.kill()
+        _signal(process, group, signal.SIGKILL)
         process.wait(10)
+    if group:
+        stop_session(process.pid, grace_s)
+
+
+def _own_group(process: subprocess.Popen[Any]) -> bool:
+    """Whether ``process`` leads a process group of its own (started by :func:`spawn` or with a new session)."""
+    try:
+        return os.getpgid(process.pid) == process.pid
+    except ProcessLookupError:
+        return False  # already gone (and waited for): nothing to signal
+
+
+def _signal(process: subprocess.Popen[Any], group: bool, signum: int) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
 
 
 @contextmanager

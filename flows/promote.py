@@ -344,9 +344,11 @@ class Promotion:
             check = steps.capacity(self.spec, shares, (self.before.stable, self.target))
             if check.ok or first or time.monotonic() >= deadline:
                 self.capacity_checks += 1
-                self.ledger.log_json(self.run, f"capacity-{self.capacity_checks:02d}",
-                                     {"weight_ppm": self.state.weight_ppm, "shadow_ppm": self.state.shadow_ppm,
-                                      **check.evidence()})
+                # Through the outbox like every other write: straight through before a decision (a ledger that
+                # cannot take it stops the rollout), held and retried once a decision has committed.
+                self.outbox.write(f"capacity check {self.capacity_checks}", partial(
+                    self.ledger.log_json, self.run, f"capacity-{self.capacity_checks:02d}",
+                    {"weight_ppm": self.state.weight_ppm, "shadow_ppm": self.state.shadow_ppm, **check.evidence()}))
             if check.ok:
                 return True
             if time.monotonic() >= deadline:
@@ -380,7 +382,8 @@ class Promotion:
             return ApprovalGiven(True, self.state.evidence_digest, by="auto")
         given = approval.ask(self.ledger, self.run, question=step.prompt, markdown=markdown,
                              shown=self.state.evidence_digest, plan=self.spec.plan, route=self.spec.route,
-                             timeout_s=self.spec.approval_timeout_s)
+                             timeout_s=self.spec.approval_timeout_s, stopped=self.owner.wake.is_set)
+        self.owner.stop_if_ended()  # a cancel, a takeover or a fault during the pause decides, not the form
         self.attestor.note_answer(given)
         return given
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -86,6 +87,20 @@ def _store_creation_lock(tracking_uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# MLflow's own defaults for a tracking server: 120 s for each answer and 7 retries with a growing backoff,
+# so one unanswered write held a rollout for many minutes before it could say the ledger was away. A
+# write before the decision that fails stops the rollout (nothing is decided on evidence an auditor will
+# not find); one after it is held by the outbox and retried there, so short bounds lose nothing.
+HTTP_TIMEOUT_S, HTTP_RETRIES = 20, 2
+
+
+def bound_tracking_requests(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Explicit timeouts and retries for every request to a tracking server, unless the operator set their own
+    (MLflow reads them from the environment at each request)."""
+    environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
+    environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
+
+
 @dataclass(frozen=True, slots=True)
 class EvidenceRun:
     """An open evidence run: its id and the experiment it belongs to."""
@@ -100,6 +115,7 @@ class EvidenceLedger:
     def __init__(self, tracking_uri: str, artifact_root: Path) -> None:
         from mlflow.tracking import MlflowClient  # heavy: imported only where evidence is written
 
+        bound_tracking_requests()
         with _store_creation_lock(tracking_uri):
             # The first use of a new SQLite file creates MLflow's tables; promotions that start
             # together would each create them, and all but one fail ("table ... already exists").

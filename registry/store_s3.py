@@ -20,6 +20,16 @@ from revgate.registry.hashing import BUFFER_BYTES, Progress
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 PART_BYTES = 16 * 1024 * 1024
+# boto3's defaults wait 60 s to connect and 60 s for each answer, five times over: a store that stops
+# answering held a push or a worker's fetch for ten minutes. A part of PART_BYTES is answered well within
+# READ_TIMEOUT_S on any link that can carry a model.
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ATTEMPTS = 10.0, 60.0, 3
+
+
+def client_config(connect_s: float = CONNECT_TIMEOUT_S, read_s: float = READ_TIMEOUT_S) -> BotoConfig:
+    """The artifact store's botocore settings: explicit timeouts and a few standard retries."""
+    return BotoConfig(connect_timeout=connect_s, read_timeout=read_s,
+                      retries={"max_attempts": ATTEMPTS, "mode": "standard"})
 
 
 def _code(error: ClientError) -> str:
@@ -35,12 +45,12 @@ class S3Backend:
     """An S3 bucket and prefix; writes are conditional (If-None-Match: *), large files go multipart."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None,
-                 multipart_threshold: int = MULTIPART_THRESHOLD, part_bytes: int = PART_BYTES) -> None:
+                 multipart_threshold: int = MULTIPART_THRESHOLD, part_bytes: int = PART_BYTES,
+                 config: BotoConfig | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        self.client = client or boto3.client("s3", endpoint_url=endpoint,
-                                             config=BotoConfig(retries={"max_attempts": 3, "mode": "standard"}))
+        self.client = client or boto3.client("s3", endpoint_url=endpoint, config=config or client_config())
         self.multipart_threshold = multipart_threshold
         self.part_bytes = part_bytes
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +22,52 @@ CACHE = ROOT / ".cache"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+# Every process this test run starts carries this mark in its environment (hosts' own environments
+# too, tests/integration/hosts.py), so the process table can tell at the end what the run left behind.
+RUN_MARK = "REVGATE_TEST_RUN"
+LEFTOVER_WAIT_S = 30.0  # what a process stopped in the last teardown gets to go before it counts as left
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[RUN_MARK] = f"{os.getpid()}-{time.time_ns()}"  # this run's own, never a parallel run's
+
+
+def marked_processes(mark: str) -> dict[int, str]:
+    """Live processes (zombies aside) started with ``RUN_MARK=mark``: pid -> command line."""
+    wanted = f"{RUN_MARK}={mark}".encode()
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        pid = int(proc.name)
+        try:
+            if pid == os.getpid() or wanted not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            found[pid] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # ended while we looked, or not ours to read
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No process outlives the run: after the last teardown, everything the run started must be gone (waited
+    for up to LEFTOVER_WAIT_S). What is left is named, killed, and fails the run."""
+    mark = os.environ.get(RUN_MARK, "")
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while (left := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{len(left)} processes started by this run outlived it (killed now):",
+             *(f"    {pid}: {command[:300]}" for pid, command in sorted(left.items()))]
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for line in lines:
+        reporter.write_line(line, red=True) if reporter is not None else print(line)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(wrapper=True)

@@ -46,3 +46,4 @@ class Call:
     callers_deadline: bool = False  # the deadline is the caller's own shorter one, not the route's
     revealed: bool = False  # the answer names the revision and arm (a credentialed caller, or the route says so)
     stripped: bool = False  # evidence metadata was dropped from the parsed body: it is written again
+    fallback_from: str = ""  # the candidate assigned, when none of its replicas took it and stable serves

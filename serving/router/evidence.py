@@ -25,7 +25,7 @@ from revgate.serving.router.sink import ObjectSink, Sink, Tee
 RECORD_KEYS = (
     "request_id", "revision", "arm", "arrival_s", "outcome", "attempt", "route", "generation", "tenant", "slices",
     "endpoint", "first_token_s", "last_token_s", "prompt_tokens", "output_tokens", "finish_reason", "status_code",
-    "error", "output_text", "reference", "caller_request_id",
+    "error", "output_text", "reference", "caller_request_id", "fallback_from",
 )
 REPLAY_ONLY_KEYS = ("router_request_id",)  # what only a replay knows (the router's id is its request_id)
 if tuple(item.name for item in fields(RequestRecord)) != (*RECORD_KEYS, *REPLAY_ONLY_KEYS):  # pragma: no cover
@@ -169,6 +169,7 @@ class Recorder:
             "output_text": output_text(body, streamed) if self.record_outputs and body else None,
             "reference": None,
             "caller_request_id": call.caller_request_id,
+            "fallback_from": call.fallback_from,
         }
         self.records.append(record)
         self.observe(call, record)

@@ -108,6 +108,19 @@ def rewrite_model(body: bytes, served_model: str | None, document: Any = None, *
         return json.dumps(request, separators=(",", ":")).encode()
 
 
+def upstream_body(body: bytes, document: Any, changed: bool, *, path: bytes, served_model: str | None,
+                  max_output_tokens: int | None) -> tuple[bytes, bool]:
+    """The body an upstream serving ``served_model`` with that output cap gets, from the request's ``body`` and its
+    parsed ``document`` (``changed``: edited already, evidence metadata dropped); and whether the document now
+    differs from what the caller sent. Never parses again: stable, a fallback and the shadow each get theirs
+    from the one parse at entry."""
+    if max_output_tokens is not None and path != b"/v1/models":
+        changed |= cap_output_tokens(document, max_output_tokens, chat=path == b"/v1/chat/completions")
+    if body and (changed or served_model is not None):
+        body = rewrite_model(body, served_model, document, changed=changed)
+    return body, changed
+
+
 def drop_evidence_metadata(document: Any) -> bool:
     """Remove the ``revgate_*`` entries of the body's ``metadata`` (labels for the router, never the engine's).
 

@@ -34,7 +34,7 @@ from revgate.serving.router.http import NO_ROUTE, Request, ServerConnection, err
 from revgate.serving.router.ids import RequestIds, bad_id, caller_text
 from revgate.serving.router.limits import Watchdog
 from revgate.serving.router.metrics import RouterMetrics
-from revgate.serving.router.parse import cap_output_tokens, drop_evidence_metadata, parse_body, rewrite_model
+from revgate.serving.router.parse import drop_evidence_metadata, parse_body, upstream_body
 from revgate.serving.router.relay import Relay
 from revgate.serving.router.shadow_dispatch import ShadowDispatch
 from revgate.serving.router.split import PinnedRoute, Target, compile_route, retry_order
@@ -80,11 +80,8 @@ def _send(call: Call, connection: UpstreamConnection, address: Address, relay: R
 def _upstream_body(target: Target, path: bytes, body: bytes, document: Any, changed: bool) -> tuple[bytes, bool]:
     """The body ``target`` gets (its model name, its output cap; ``changed``: the parsed body was edited
     already), and whether the parsed body now differs from what the caller sent."""
-    if target.max_output_tokens is not None and path != b"/v1/models":
-        changed |= cap_output_tokens(document, target.max_output_tokens, chat=path == b"/v1/chat/completions")
-    if body and (changed or target.served_model is not None):
-        body = rewrite_model(body, target.served_model, document, changed=changed)
-    return body, changed
+    return upstream_body(body, document, changed, path=path, served_model=target.served_model,
+                         max_output_tokens=target.max_output_tokens)
 
 
 def _retries(call: Call) -> int:
@@ -268,8 +265,9 @@ class Router:
         request_id = self.ids.next()
         key = headers.get(b"x-session-id") or tenant_raw or request_id
         target = route.stable if path == b"/v1/models" else route.assign(key, arrival)
+        fallback_from = ""
         if target is route.candidate and not self.ejections.any_live(target.endpoints, self._loop.time()):
-            target = self._fallback(route)  # every candidate replica refused: stable serves, counted
+            fallback_from, target = target.fingerprint, self._fallback(route)  # every candidate replica refused
         body = request.body
         document = parse_body(body) if body else None  # once per request: model, labels, the shadow check
         # Evidence about a request (its slice, probe class, task) only from who may give it: otherwise
@@ -281,7 +279,7 @@ class Router:
         extra = (target.headers if revealed else b"") + b"x-request-id: " + request_id + b"\r\n"
         call = Call(caller, request, route, target, path, body, request_id.decode(), caller_id, tenant,
                     declared, arrival, extra, target.labels, document=document, revealed=revealed,
-                    stripped=stripped)
+                    stripped=stripped, fallback_from=fallback_from)
         call.deadline = self._loop.time() + self._timeout_s(call)
         return call
 
@@ -390,6 +388,7 @@ class Router:
                 self._record(call, "error", reason)
             if number == len(plan) and self._may_fall_back(call):
                 # Nothing reached the caller and no candidate replica answers: stable serves it.
+                call.fallback_from = call.target.fingerprint
                 self._retarget(call, self._fallback(call.route))
                 stable = call.target
                 order = self._live_first(stable, list(range(len(stable.endpoints))))
@@ -455,7 +454,8 @@ class Router:
                                          self._loop.time())
 
     def _fallback(self, route: PinnedRoute) -> Target:
-        """Stable, for a request the candidate was to serve while none of its replicas answers."""
+        """Stable, for a request the candidate was to serve while none of its replicas answers: counted here,
+        and its record names the candidate (``fallback_from``), so the gates count it as the candidate's failure."""
         self.metrics.count_event("fallback_to_stable", route.snapshot.route)
         return route.stable
 

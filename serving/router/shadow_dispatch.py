@@ -17,7 +17,7 @@ from revgate.serving.router.call import Call
 from revgate.serving.router.config import RouterConfig
 from revgate.serving.router.evidence import e2e_s, ttft_s
 from revgate.serving.router.metrics import RouterMetrics
-from revgate.serving.router.parse import Usage, output_text, rewrite_model, usage_of
+from revgate.serving.router.parse import Usage, output_text, upstream_body, usage_of
 from revgate.serving.router.relay import Relay
 from revgate.serving.router.sink import Sink
 from revgate.serving.router.split import PinnedRoute, Target
@@ -59,9 +59,13 @@ class ShadowDispatch:
         stable_output = record["output_text"]
         if stable_output is None:
             stable_output = output_text(relay.body(), relay.streamed)
+        # The copy's bytes from the request parsed at entry (its evidence metadata already dropped, as stable's
+        # was), made here so the queue, bounded by bytes, holds bytes, and the send parses nothing again.
+        body, _ = upstream_body(call.request.body, call.document, call.stripped, path=call.path,
+                                served_model=shadow.served_model, max_output_tokens=shadow.max_output_tokens)
         job = MirrorJob(
             request_id=call.request_id, route=route, generation=call.route.snapshot.generation,
-            path=call.path.decode(), body=call.request.body, target=shadow, stable_revision=call.target.fingerprint,
+            path=call.path.decode(), body=body, target=shadow, stable_revision=call.target.fingerprint,
             shadow_revision=shadow.fingerprint, stable_status=relay.status,
             stable_output=stable_output, stable_ttft_s=ttft_s(record),
             stable_e2e_s=e2e_s(record), tenant=call.tenant, caller_request_id=call.caller_request_id,
@@ -78,7 +82,7 @@ class ShadowDispatch:
     async def _send(self, job: MirrorJob) -> ShadowAnswer:
         """Send one copy to the shadow revision; its answer only ever lands in a paired record."""
         target: Target = job.target
-        body = rewrite_model(job.body, target.served_model) if target.served_model else job.body
+        body = job.body
         address = target.endpoints[self._next_endpoint(target)]
         start = time.time()
         relay = Relay(None, b"", True, False)

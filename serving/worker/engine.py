@@ -215,23 +215,23 @@ def _load_libc() -> ctypes.CDLL | None:
 _LIBC = _load_libc()
 
 
-def _stop_with_parent() -> None:
-    """In the child before exec: SIGTERM the engine if its parent dies, so a killed run leaves no server."""
+def stop_with_parent() -> None:
+    """In the child before exec: SIGTERM it if its parent dies, so a killed run leaves no server."""
     if _LIBC is not None:
         with contextlib.suppress(AttributeError):
             _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _child_setup(stop_with_parent: bool, cores: tuple[int, ...]) -> Callable[[], None] | None:
+def _child_setup(bound_to_parent: bool, cores: tuple[int, ...]) -> Callable[[], None] | None:
     """What the engine's child runs before exec: the parent-death signal, and its cores. vLLM's own
     ``VLLM_CPU_OMP_THREADS_BIND`` binds only the workers of its multiprocess executor; a one-worker
     engine ignores it and computes on every core, so the binding is made here, for the whole session."""
-    if not (stop_with_parent or cores):
+    if not (bound_to_parent or cores):
         return None
 
     def setup() -> None:
-        if stop_with_parent:
-            _stop_with_parent()
+        if bound_to_parent:
+            stop_with_parent()
         if cores:
             os.sched_setaffinity(0, cores)  # every thread and process the engine makes inherits it
     return setup
@@ -277,6 +277,24 @@ def move_session_threads(session_id: int, old: Slot, new: Slot) -> int:
             except OSError:
                 continue  # the thread ended while we looked
     return moved
+
+
+def stop_session(session_id: int, grace: float, *, where: str = "") -> bool:
+    """SIGTERM every process left in session ``session_id``, SIGKILL what is still there after ``grace``;
+    whether SIGKILL was needed. One that outlives SIGKILL too is an :class:`EngineError`."""
+    for signum, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
+        if not session_members(session_id):
+            return False  # gone before this signal was needed
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(session_id, signum)
+        deadline = time.monotonic() + wait_s
+        while session_members(session_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if left := session_members(session_id):
+        raise EngineError(f"processes {left} did not exit within {KILL_WAIT_S:g} s of SIGKILL",
+                          where=where or f"session {session_id}",
+                          fix="The process is stuck in the kernel (I/O or a driver); check the host.")
+    return True
 
 
 class EngineProcess:
@@ -403,19 +421,7 @@ class EngineProcess:
         """Stop what is left of the engine's session once its server has gone: vLLM's EngineCore
         child outlives a server that crashed or was killed (about 700 MB each, for ever). Whether
         SIGKILL was needed."""
-        for signum, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
-            if not session_members(session_id):
-                return False  # gone before this signal was needed
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(session_id, signum)
-            deadline = time.monotonic() + wait_s
-            while session_members(session_id) and time.monotonic() < deadline:
-                time.sleep(0.1)
-        if left := session_members(session_id):
-            raise EngineError(f"engine processes {left} did not exit within {KILL_WAIT_S:g} s of SIGKILL",
-                              where=self.url,
-                              fix="The process is stuck in the kernel (I/O or a driver); check the host.")
-        return True
+        return stop_session(session_id, grace, where=self.url)
 
     @staticmethod
     def _signal(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:

@@ -196,8 +196,10 @@ def base_env(folder: Path) -> dict[str, str]:
     """A host's own environment: its folder as home and temporary space, offline model hub, no telemetry.
     Nothing of the test process's environment but PATH (the same software is installed on every host)."""
     (folder / "tmp").mkdir(parents=True, exist_ok=True)
+    # The test run's mark (tests/conftest.py) travels, so what a host's processes leave is seen at the end.
+    mark = {name: os.environ[name] for name in ("REVGATE_TEST_RUN",) if name in os.environ}
     return {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(folder), "TMPDIR": str(folder / "tmp"),
-            "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
+            "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1", **mark}
 
 
 def why_unavailable() -> str:

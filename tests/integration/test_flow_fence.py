@@ -160,6 +160,71 @@ def test_a_bake_ends_at_once_when_the_flow_run_is_cancelled(prefect_api: str, tm
     assert outcome and "was cancelled" in outcome[0]
 
 
+@pytest.mark.servers
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stop", ["cancelled", "taken over"])
+def test_an_approval_pause_ends_within_seconds_when_the_run_is_cancelled_or_the_route_taken_over(
+    prefect_api: str, tmp_path: Path, stop: str
+) -> None:
+    # The defect: Prefect's pause blocks until it is answered or times out (an hour by default). A cancel in the
+    # UI or another writer taking the route stopped the renewals, but the flow sat in its pause until the
+    # timeout, its candidate's replicas running and its route lock held, and then took the timeout for a
+    # rejection.
+    import contextvars
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+    from prefect.states import Cancelling
+
+    from revgate.flows.promote import Promotion, run_cancelled
+    from revgate.flows.route_owner import RolloutCancelled
+    from revgate.manifests.rollout import Approve
+    from tests.integration.test_flow_approval import wait_until_paused
+
+    plan = RolloutPlan.build(steps=[Approve(prompt="Go on?"), SetWeight(weight_ppm=100_000)], lease_seconds=10,
+                             lease_renew_seconds=1)
+    route = "paused-" + stop.replace(" ", "-")
+    spec = fenced_spec(tmp_path, route, plan).model_copy(update={"approval": "ui", "approval_timeout_s": 3600})
+    seeded(tmp_path, route)
+    store = open_route_store(spec.route_store)
+    run_ids: list[str] = []
+    outcome: list[BaseException] = []
+
+    @flow(name="approval-stop-probe")
+    def probe() -> None:
+        run_ids.append(str(flow_run.get_id()))
+        driver = Promotion(spec, None, None, CANDIDATE)  # type: ignore[arg-type]  # nothing is answered
+        with Heartbeat(driver.owner, lease_seconds=10, period_s=1, by="flow", cancelled=run_cancelled(),
+                       watch_every_s=1):
+            try:
+                driver.step_once()
+            except (RolloutCancelled, RouteTakenOver) as stopped:
+                outcome.append(stopped)
+
+    def operator() -> None:
+        run_id = wait_until_paused(run_ids)
+        if stop == "cancelled":
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(run_id, Cancelling(), force=True)
+        else:
+            current = store.read(route)
+            assert current is not None
+            store.write(successor(current, by="someone with route set", now=datetime.now(UTC),
+                                  request_timeout_ms=5000))
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(operator,))
+    thread.start()
+    started = time.monotonic()
+    try:
+        probe(return_state=True)
+    finally:
+        thread.join()
+    assert time.monotonic() - started < 150  # not the pause's hour
+    expected = RolloutCancelled if stop == "cancelled" else RouteTakenOver
+    assert outcome and isinstance(outcome[0], expected), outcome
+
+
 def test_a_running_flow_never_undoes_an_operators_rollback(tmp_path: Path) -> None:
     """The issue's report: the flow committed its canary, then its promotion, on top of a rollback."""
     from revgate.flows.promote import Promotion

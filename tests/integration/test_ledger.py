@@ -183,3 +183,27 @@ def test_evidence_written_through_a_tracking_server_is_kept_by_the_server_not_th
         assert sha256_digest(Path(local).read_bytes()) == digest
     assert [path.name for path in kept.rglob("artifact-manifest.json")] == ["artifact-manifest.json"]
     assert not writer.exists() or not any(writer.rglob("*.json")), list(writer.rglob("*"))
+
+
+@pytest.mark.timeout(90)
+def test_a_tracking_server_that_never_answers_is_an_error_within_the_ledgers_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The defect: the ledger's MLflow client kept MLflow's defaults (120 s for each answer, 7 retries with a
+    # growing backoff): one unanswered request held the flow for many minutes before anything was said.
+    import socket
+
+    from mlflow.exceptions import MlflowException
+
+    from revgate.registry import ledger
+
+    for name in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES"):
+        monkeypatch.setenv(name, "unset")  # restored to what it was (unset, here) after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(ledger, "HTTP_TIMEOUT_S", 2)
+    monkeypatch.setattr(ledger, "HTTP_RETRIES", 0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # takes connections in, never answers
+        with pytest.raises(MlflowException, match=r"(?i)timed out|timeout"):
+            EvidenceLedger(f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path / "artifacts")

@@ -206,3 +206,20 @@ def test_a_repair_that_does_not_take_is_a_typed_error(tmp_path: Path) -> None:
     assert key in caught.value.where
     with pytest.raises(ObjectMissing):
         store.get_manifest(manifest.digest)  # the manifest is published last, so never over a bad blob
+
+
+def test_a_store_that_stops_answering_is_an_error_within_its_timeouts_not_a_hang(s3_endpoint: str) -> None:
+    # The defect: the artifact store's client had boto3's defaults (60 s for each answer, retried), so a
+    # store that took requests in and never answered held a push or a worker's fetch for minutes, silently.
+    from revgate.registry import store_s3
+    from revgate.registry.errors import StoreError
+    from tests.integration.s3_proxy import slow_to_answer
+
+    assert store_s3.S3Backend("any").client.meta.config.read_timeout == store_s3.READ_TIMEOUT_S  # explicit
+    bucket = f"artifacts-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    with slow_to_answer(s3_endpoint, lambda method, _: 5.0 if method == "HEAD" else 0.0) as slow:
+        backend = store_s3.S3Backend(bucket, endpoint_url=slow, config=store_s3.client_config(read_s=0.5))
+        with pytest.raises(StoreError, match=r"(?i)read timeout") as failed:
+            backend.exists("blobs/sha256/00")
+        assert bucket in failed.value.where

@@ -144,7 +144,8 @@ def test_shadow_never_reaches_the_caller_and_skips_side_effecting_tools(
     router.commit(stable_a(farm), shadow=[farm["s1"]], sample_ppm=1_000_000, side_effecting_tools=("send_email",))
     farm["s1"].seen.clear()
     plain = {"model": ROUTE, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
-    response = httpx.post(f"{router.url}/v1/chat/completions", json=plain, headers={"x-request-id": "mirror-me"})
+    labelled = {**plain, "metadata": {"revgate_class": "probe", "app": "mail"}}  # labels for the router only
+    response = httpx.post(f"{router.url}/v1/chat/completions", json=labelled, headers={"x-request-id": "mirror-me"})
     assert response.status_code == 200 and "s1" not in response.text
     tools = [{"type": "function", "function": {"name": "send_email", "parameters": {}}}]
     risky = {**plain, "tools": tools}
@@ -156,6 +157,10 @@ def test_shadow_never_reaches_the_caller_and_skips_side_effecting_tools(
            for prefix in ("mirror-me", "never-mirror") for record in records(router, prefix, 1)}
     seen_ids = {request["headers"].get("x-request-id") for request in farm["s1"].seen}
     assert ids["mirror-me"] in seen_ids and ids["never-mirror"] not in seen_ids
+    # The copy is made from the request parsed at entry: its evidence metadata dropped, as stable's copy's was.
+    # Before, the send parsed the caller's bytes again, and the shadow saw the router's labels.
+    copy = next(r["body"] for r in farm["s1"].seen if r["headers"].get("x-request-id") == ids["mirror-me"])
+    assert copy["metadata"] == {"app": "mail"} and copy["messages"] == plain["messages"]
     assert not seen_ids & {"mirror-me", "never-mirror"}
     pair = next(PairedRecord.from_json(line) for line in router.paired.read_text().splitlines()
                 if "mirror-me" in line)

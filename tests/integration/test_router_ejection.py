@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from revgate.evaluation.records import RequestRecord
 from revgate.flows.steps import served_generations
 from revgate.registry.route_store import FileRouteStore
 from tests.integration.router_harness import UpstreamFarm, fingerprint, router_process, snapshot, wait_until
@@ -64,6 +65,17 @@ def test_a_candidate_replica_that_dies_costs_no_request(tmp_path: Path) -> None:
             assert [a for a in none_left if a[0] != 200] == [], "a request failed with no candidate replica left"
             assert {revision for _, revision in none_left} == {fingerprint("s")}
             assert counter(router.admin_url, "fallback_to_stable_total") > fallbacks
+            # Each fallback is in the records too, naming the candidate it fell back from: the gates count it
+            # as the candidate's failure (flows.evidence), not as one more request stable served.
+            total = counter(router.admin_url, "fallback_to_stable_total")
+
+            def fell_back() -> list[RequestRecord]:
+                lines = router.records.read_text().splitlines() if router.records.exists() else []
+                return [r for r in map(RequestRecord.from_json, lines) if r.fallback_from]
+
+            wait_until(lambda: len(fell_back()) == total, timeout=20, describe=lambda: f"{len(fell_back())} of {total}")
+            assert {(r.revision, r.fallback_from, r.outcome) for r in fell_back()} == {
+                (fingerprint("s"), fingerprint("c"), "ok")}
 
 
 def test_a_dead_replicas_probes_cost_no_request_even_with_no_retries(tmp_path: Path) -> None:

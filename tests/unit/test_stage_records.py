@@ -123,6 +123,34 @@ def test_an_unreachable_store_is_missing_evidence(tmp_path: Path) -> None:
 # --- who wrote what: signed objects, duplicates -------------------------------------------------
 
 
+def test_requests_that_fell_back_to_stable_are_the_candidates_failures_and_fail_its_error_gate(tmp_path: Path) -> None:
+    # The defect: a request the route gave the candidate, sent to stable because no candidate replica took it,
+    # was only a metric. Its record said stable served it, so a canary whose replicas had all died showed fewer
+    # requests and no failures, and could pass on the answers it had before.
+    from dataclasses import replace
+
+    def fell_back(rid: str) -> str:
+        return replace(RequestRecord.from_json(request(rid, f"u-{rid}", STABLE)), fallback_from=CANDIDATE).to_json()
+
+    put(tmp_path, "requests", "r1", 0, [request(f"s{i}", f"u-s{i}", STABLE) for i in range(40)])
+    put(tmp_path, "requests", "r1", 1, [request(f"c{i}", f"u-c{i}", CANDIDATE) for i in range(20)])
+    put(tmp_path, "requests", "r1", 2, [fell_back(f"f{i}") for i in range(20)])
+    records = StageRecords(str(tmp_path), "demo", StageWindow(first_generation=5), paired=False)
+    records.poll()
+    arms = records.canary(STABLE, CANDIDATE, {})
+    assert len(arms.stable) == 40 and len(arms.candidate) == 40 and arms.fallbacks == 20
+    failures = [r for r in arms.candidate if r.request_id.startswith("f")]
+    seen = {(r.revision, r.outcome, r.first_token_s, r.output_text) for r in failures}
+    assert seen == {(CANDIDATE, "error", None, None)}
+    assert "20 of the candidate's went to stable" in arms.note()
+    policy = GatePolicy.build(latency_metrics=[], quality_margin="0.1", error_margin="0.1",
+                              min_samples_per_slice=20, max_samples_per_stage=40, look_every=20)
+    report = judge(gates_from_policy(policy), policy, build_evidence(arms.stable, arms.candidate, exact_match))
+    assert report.outcome == "fail"
+    failed = [g.gate for g in report.gates if g.outcome == "fail"]
+    assert any("error" in gate for gate in failed), [(g.gate, g.reason) for g in report.gates]
+
+
 def signed_put(root: Path, signer: RecordSigner, router: str, sequence: int, rows: list[str]) -> str:
     name = ObjectName("demo", "requests", router, 1_700_000_000_000 + sequence, "b1", sequence)
     body = "".join(row + "\n" for row in rows).encode()
