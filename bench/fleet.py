@@ -46,6 +46,7 @@ from revgate.flows.evidence import DEMAND_LAG_S, DEMAND_WINDOW_S, RecordSource  
 from revgate.manifests.rollout import PostPromotionCheck  # noqa: E402
 from revgate.manifests.route import RevisionTarget, RouteSnapshot  # noqa: E402
 from revgate.promotion.window import WindowTally, tally, window_verdict  # noqa: E402
+from tests.integration.host_faults import answers  # noqa: E402
 from tests.integration.hosts import HOST_NAMES, Host, Network, run_prefix, sweep_stale, why_unavailable  # noqa: E402
 from tests.integration.rollout_estate import OpenLoop, wait_until  # noqa: E402
 from tests.integration.test_hosts import (  # noqa: E402
@@ -97,14 +98,6 @@ def upstream(gpu: Host) -> Any:
     finally:
         process.terminate()
         process.wait(10)
-
-
-def answers(url: str) -> bool:
-    """Whether the responder at ``url`` answers a completion with 200."""
-    try:
-        return httpx.post(f"{url}/v1/completions", json={}, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def snapshot(generation: int, endpoint: str) -> RouteSnapshot:
