@@ -228,12 +228,14 @@ def _signal(process: subprocess.Popen[Any], group: bool, signum: int) -> None:
 
 
 @contextmanager
-def mlflow_ui(tracking_uri: str, log: Path, *, at: Placement = LOCAL, artifacts: Path | None = None) -> Iterator[str]:
-    """``mlflow server`` over the tracking store (the UI at ``/``), for as long as the block runs; its URL.
+def mlflow_ui(tracking_uri: str, log: Path, *, at: Placement = LOCAL, artifacts: Path | None = None,
+              port: int | None = None) -> Iterator[str]:
+    """``mlflow server`` over the tracking store (the UI at ``/``) on ``port`` (a free one by default), for as
+    long as the block runs; its URL. Started again on the same store and port, it is the same server back.
 
     The evidence files clients log through it are kept in ``artifacts`` (default: beside the log), on the
     server's host: never in whatever folder the server was started from."""
-    port = free_port()
+    port = port or free_port()
     destination = (artifacts or log.parent / "mlflow-artifacts").resolve()
     argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri, "--host", at.host,
             "--port", str(port), "--workers", "1", "--artifacts-destination", str(destination)]

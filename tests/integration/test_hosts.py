@@ -398,9 +398,9 @@ RUN_S = 1500  # one rollout on a busy two-core machine: two candidate replicas l
 SUBMITTED = re.compile(r"\(([0-9a-f-]{36})\) submitted to promote/promote-revision")
 APPROVER = "rm@example.com"
 FLEET_LEASE_S = 30  # a lease renewed every 10 s: a Prefect outage of 75 s spans seven renewals
-# Longer than the route lock's shortest lease (60 s, Prefect's floor), so the lock's lease ends while Prefect
-# is away and the flow must take it again once Prefect is back.
-PREFECT_OUTAGE_S = 75
+# Two minutes: longer than the route lock's shortest lease (60 s, Prefect's floor), so the lock's lease ends
+# while Prefect is away and the flow must take it again once Prefect is back.
+PREFECT_OUTAGE_S = 120
 
 
 class PrefectHost:
@@ -421,6 +421,24 @@ class PrefectHost:
         self._running.close()
 
 
+class LedgerHost:
+    """``mlflow server`` over a SQLite store on the ``ledger`` host, the evidence files kept there too (the
+    server proxies them); stopped and started again on the same port and store, as its operator would."""
+
+    def __init__(self, host: Host) -> None:
+        self.host, self.port = host, host.free_port()
+        self._running = ExitStack()
+
+    def start(self) -> str:
+        """Start it (readiness asked from control); its tracking URL."""
+        return self._running.enter_context(processes.mlflow_ui(
+            f"sqlite:///{self.host.folder / 'mlflow.db'}", self.host.folder / "mlflow.log", at=self.host.placement(),
+            port=self.port))
+
+    def stop(self) -> None:
+        self._running.close()
+
+
 @dataclass(frozen=True)
 class Services:
     """The Prefect server on ``prefect`` and the MLflow tracking server on ``ledger``, as control reaches them."""
@@ -428,20 +446,19 @@ class Services:
     prefect_api: str
     tracking: str
     prefect: PrefectHost
+    ledger: LedgerHost
 
 
 @pytest.fixture(scope="module")
 def services(hosts: Network) -> Iterator[Services]:
     """``prefect server start`` on ``prefect``; ``mlflow server`` over a SQLite store on ``ledger``, the evidence
     files kept there too (the server proxies them)."""
-    prefect, ledger = hosts["prefect"], hosts["ledger"]
     with hosts["control"].network(), ExitStack() as stack:
-        server = PrefectHost(prefect)
+        server, ledger = PrefectHost(hosts["prefect"]), LedgerHost(hosts["ledger"])
         stack.callback(server.stop)
-        api = server.start()
-        tracking = stack.enter_context(processes.mlflow_ui(f"sqlite:///{ledger.folder / 'mlflow.db'}",
-                                                           ledger.folder / "mlflow.log", at=ledger.placement()))
-        yield Services(api, tracking, server)
+        stack.callback(ledger.stop)
+        api, tracking = server.start(), ledger.start()
+        yield Services(api, tracking, server, ledger)
 
 
 def fleet_plan(approver_key: Path) -> RolloutPlan:
@@ -473,6 +490,13 @@ def prefect_worker(control: Host, env: dict[str, str]) -> Iterator[None]:
         yield
     finally:
         processes.stop(worker)
+
+
+def ready_replicas(control: Host, plane: Plane, fingerprint: str) -> list[str]:
+    """The ready replicas of revision ``fingerprint`` on the module's agents, as control's agent client sees them."""
+    token = (control.folder / AGENT_TOKEN).read_text().strip()
+    return [r.replica_id for url in plane.agents.values() for r in WorkerClient(url, token).replicas()
+            if r.revision == fingerprint and r.state == "ready"]
 
 
 def run_state(services: Services, flow_run_id: str) -> str:
@@ -616,8 +640,17 @@ def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect
                 assert code == 0 and printed.rstrip().endswith("decision: promoted"), printed[-4000:]
                 assert "Downloading artifacts" not in printed  # the live view reads the reports without a bar each
                 # `revgate promote` returns at the decision; the run goes on: the window, the drain, the close.
+                # The ledger stopped at the promotion's commit: the promotion stands, the window watches, the old
+                # stable is drained after it, and the run waits to close with its decision until the ledger is back.
+                services.ledger.stop()
+                wait_until(lambda: not ready_replicas(control, plane, plane.stable.fingerprint), 600,
+                           "the old stable drained while the ledger is away", every_s=1)
+                assert run_state(services, promoted_run) == "RUNNING"  # its evidence held, its run not closed
+                standing = open_route_store(routes).read(FLEET)
+                assert standing is not None and standing.stable.fingerprint != plane.stable.fingerprint
+                assert services.ledger.start() == services.tracking
                 wait_until(lambda: run_state(services, promoted_run) in ("COMPLETED", "FAILED", "CRASHED"), 600,
-                           "the run's end after its rollback window", every_s=1)
+                           "the run's end once the ledger is back", every_s=1)
                 assert run_state(services, promoted_run) == "COMPLETED"
                 promoted = list(open_route_store(routes).history(FLEET))
                 token = (control.folder / AGENT_TOKEN).read_text().strip()
@@ -643,7 +676,7 @@ def test_promote_revision_across_hosts_promotes_an_improvement_through_a_prefect
     print("users per router:", counts)
     assert all(c["sent"] > 0 and c["failed"] == 0 and c["off_route"] == 0 for c in counts.values()), counts
 
-    # Prefect down for 75 s of the approval pause: the leases were renewed all along, nothing else moved,
+    # Prefect down for two minutes of the approval pause: the leases were renewed all along, nothing else moved,
     # and the run went on to its promotion once Prefect was back.
     assert len(during) >= PREFECT_OUTAGE_S // (FLEET_LEASE_S // 3) - 2, [s.generation for s in during]
     away, back = printed.find("the Prefect API is away"), printed.find("the Prefect API is back")
