@@ -1,17 +1,20 @@
-"""Router benchmark: revgate's router against the upstream directly, nginx and vllm-router, in one run.
+"""Router benchmark: revgate's router against the upstream directly, nginx, vllm-router and LiteLLM, in one run.
 
 One command: ``.venv/bin/python bench/router.py``. Each proxy runs pinned to core 0; the fast upstream
 and the load generators share core 1. For each system:
 - closed loop (wrk, 32 connections): maximum requests/s and CPU per request from /proc/<pid>/stat;
 - open loop at 500 requests/s (latency timed from the intended send time): added p50 and p99
   against the upstream alone;
-- streaming at 100 requests/s: time to the first SSE chunk, added p50.
+- streaming at 100 requests/s: time to the first SSE chunk, added p50;
+- 220 KB prompts from 20, 100 and 150 callers at once (each sending 4, one after another, streamed): time
+  to the first chunk, added median against the upstream alone.
 revgate runs with every feature on: request records, metrics, a 10% canary split, snapshot pinning.
 Swap propagation: commit a generation, notify, until a new request is served on it (p99 over 50 swaps).
 The systems are measured in rounds (three by default), one after another within each round, so a
 slow patch of the machine falls on every system alike; each figure is the median over the rounds,
 and each ratio the median of the rounds' ratios. vllm-router is installed into a venv of its own
-(.cache/bench/vllm-router-venv) on first use. Writes bench/results/router.json.
+(.cache/bench/vllm-router-venv) on first use, and LiteLLM's proxy likewise (.cache/bench/litellm-venv, one
+worker, no database). Writes bench/results/router.json.
 """
 
 from __future__ import annotations
@@ -49,7 +52,17 @@ COMPLETION = json.dumps({
 }).encode()
 REQUEST = json.dumps({"model": "bench", "prompt": "one two three", "max_tokens": 4}).encode()
 STREAM_REQUEST = json.dumps({"model": "bench", "prompt": "one two three", "max_tokens": 4, "stream": True}).encode()
-SSE_EVENTS = [b'data: {"choices":[{"index":0,"text":" t%d","finish_reason":null}]}\n\n' % index for index in range(4)]
+# Long prompts, many callers at once: the Gateway API Inference Extension's endpoint picker was measured adding
+# 154 ms to the first token at 20 concurrent 220 KB prompts and 1.1 s at 150, with an instant backend.
+LARGE_PROMPT_BYTES = 220 * 1024
+LARGE_REQUEST = json.dumps({"model": "bench", "prompt": "word " * (LARGE_PROMPT_BYTES // 5), "max_tokens": 4,
+                            "stream": True}).encode()
+CONCURRENCY = (20, 100, 150)
+LARGE_PER_CALLER = 4  # requests each caller sends, one after another
+# Whole OpenAI stream chunks (id, object, model): LiteLLM's proxy parses each one.
+SSE_EVENTS = [b'data: {"id":"cmpl-bench","object":"text_completion","created":0,"model":"bench",'
+              b'"choices":[{"index":0,"text":" t%d","finish_reason":null,"logprobs":null}]}\n\n' % index
+              for index in range(4)]
 
 
 # --- the fast upstream (run as a subprocess: bench/router.py --upstream PORT PORT) -------------
@@ -236,15 +249,40 @@ def open_loop(port: int, rate: int, seconds: float, stream: bool) -> dict[str, f
             "first_chunk_p50_ms": statistics.median(firsts)}
 
 
+async def _large_prompts(port: int, concurrency: int) -> list[float]:
+    firsts: list[float] = []
+
+    async def caller() -> None:
+        pool: list[Any] = []
+        for _ in range(LARGE_PER_CALLER):
+            first, _ = await _one(port, LARGE_REQUEST, time.perf_counter(), True, pool)
+            firsts.append(first)
+        for _, writer in pool:
+            writer.close()
+
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return firsts
+
+
+def large_prompts(port: int, concurrency: int) -> float:
+    """Median milliseconds to the first streamed chunk of a 220 KB prompt, ``concurrency`` callers at once,
+    each sending LARGE_PER_CALLER one after another (closed loop: what the proxy adds is queued behind)."""
+    import uvloop
+
+    return statistics.median(uvloop.run(_large_prompts(port, concurrency))) * 1000
+
+
 def measure_load(name: str, port: int, pid: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
-    """Open loop first (latency), then streaming, then closed loop (saturation)."""
+    """Open loop first (latency), then streaming, then long prompts, then closed loop (saturation)."""
     os.sched_setaffinity(0, {int(LOAD_CORE)})
     latency = open_loop(port, args.rate, args.open_seconds, stream=False)
     streaming = open_loop(port, args.stream_rate, args.open_seconds, stream=True)
+    large = {f"large_prompt_ttft_ms_c{c}": large_prompts(port, c) for c in CONCURRENCY}
     saturation = wrk_max_rps(port, pid, args.closed_seconds, workdir)
     print(f"  {name}: {saturation['max_rps']:.0f} req/s, {saturation['cpu_us_per_req']:.0f} us/req, "
-          f"p50 {latency['p50_ms']:.2f} ms, p99 {latency['p99_ms']:.2f} ms", flush=True)
-    return {**saturation, **latency, "stream_first_chunk_p50_ms": streaming["first_chunk_p50_ms"]}
+          f"p50 {latency['p50_ms']:.2f} ms, p99 {latency['p99_ms']:.2f} ms, 220 KB prompts at "
+          + ", ".join(f"c{c} {large[f'large_prompt_ttft_ms_c{c}']:.1f} ms" for c in CONCURRENCY), flush=True)
+    return {**saturation, **latency, **large, "stream_first_chunk_p50_ms": streaming["first_chunk_p50_ms"]}
 
 
 # --- systems -------------------------------------------------------------------------------------
@@ -329,6 +367,38 @@ def vllm_router_binary() -> Path:
     return binary
 
 
+LITELLM_VENV = ROOT / ".cache" / "bench" / "litellm-venv"
+
+
+def litellm_binary() -> Path:
+    """LiteLLM's proxy from its own venv, installed there on first use (the gateway most teams try first)."""
+    binary = LITELLM_VENV / "bin" / "litellm"
+    if not binary.exists():
+        print("installing LiteLLM's proxy into .cache/bench/litellm-venv (first run only)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"], check=True)
+    return binary
+
+
+def litellm_config(workdir: Path, upstream: int) -> Path:
+    """One model, ``bench``, served by the upstream as an OpenAI-compatible endpoint; no database, no key, no
+    logging: LiteLLM at its lightest."""
+    config = workdir / "litellm.yaml"
+    config.write_text(f"""model_list:
+  - model_name: bench
+    litellm_params:
+      model: openai/bench
+      api_base: http://127.0.0.1:{upstream}/v1
+      api_key: none
+litellm_settings:
+  drop_params: true
+  telemetry: false
+general_settings:
+  dangerously_permit_weak_or_unset_master_key: true  # on loopback, for the bench: no key, as for the others
+""")
+    return config
+
+
 def revgate_router(workdir: Path, records: list[str]) -> tuple[list[str], int, int]:
     """``revgate router`` on the bench route with every feature on, its records as given; command and ports."""
     port, admin = free_port(), free_port()
@@ -371,6 +441,13 @@ def one_round(args: argparse.Namespace, workdir: Path, upstream: int,
     with started(vllm_router, port, core=PROXY_CORE, log=workdir / "vllm-router.log") as process:
         time.sleep(2)  # it health-checks the worker before routing
         results["vllm_router"] = measure_load("vllm_router", port, process.pid, args, workdir)
+
+    port = free_port()
+    litellm = [str(litellm_binary()), "--config", str(litellm_config(workdir, upstream)), "--host", "127.0.0.1",
+               "--port", str(port), "--num_workers", "1"]
+    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}
+    with started(litellm, port, core=PROXY_CORE, env=env, log=workdir / "litellm.log") as process:
+        results["litellm"] = measure_load("litellm", port, process.pid, args, workdir)
     return results, swaps
 
 
@@ -378,7 +455,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """The rounds, then the figures: medians over the rounds, and every round's own."""
     workdir = Path(tempfile.mkdtemp(prefix="revgate-bench-router-"))
     upstream, candidate = free_port(), free_port()
-    vllm_router_binary()  # installed before any timing starts
+    vllm_router_binary(), litellm_binary()  # installed before any timing starts
     rounds, swaps = [], []
     with started([sys.executable, __file__, "--upstream", str(upstream), str(candidate)], upstream, core=LOAD_CORE):
         wait_for(candidate)
@@ -408,6 +485,9 @@ RATIOS = {  # name: (system, over system, figure)
     "revgate_sink_cpu_per_req_vs_revgate": ("revgate_sink", "revgate", "cpu_us_per_req"),
     "revgate_sink_cpu_per_req_vs_nginx": ("revgate_sink", "nginx", "cpu_us_per_req"),
     "revgate_sink_cpu_per_req_vs_vllm_router": ("revgate_sink", "vllm_router", "cpu_us_per_req"),
+    "revgate_cpu_per_req_vs_litellm": ("revgate", "litellm", "cpu_us_per_req"),
+    "revgate_sink_cpu_per_req_vs_litellm": ("revgate_sink", "litellm", "cpu_us_per_req"),
+    "revgate_max_rps_vs_litellm": ("revgate", "litellm", "max_rps"),
 }
 
 
@@ -425,6 +505,9 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                                                      - direct["stream_first_chunk_p50_ms"], 3),
             "p50_ms_at_500rps": round(measured["p50_ms"], 3),
             "p99_ms_at_500rps": round(measured["p99_ms"], 3),
+            **{f"large_prompt_added_ttft_ms_c{c}": round(measured[f"large_prompt_ttft_ms_c{c}"]
+                                                         - direct[f"large_prompt_ttft_ms_c{c}"], 1)
+               for c in CONCURRENCY},
         }
     for name in ("revgate", "revgate_sink"):
         figures[name]["records_written"] = results[name]["records_written"]
@@ -448,10 +531,14 @@ def combine(rounds: list[dict[str, Any]], swaps: list[float]) -> dict[str, Any]:
 
 def print_table(figures: dict[str, Any]) -> None:
     print(f"\n{'system':<12} {'req/s':>8} {'CPU us/req':>11} {'+p50 ms':>9} {'+p99 ms':>9} {'+1st chunk ms':>14}")
-    for name in ("direct", "revgate", "revgate_sink", "nginx", "vllm_router"):
+    for name in ("direct", "revgate", "revgate_sink", "nginx", "vllm_router", "litellm"):
         row = figures[name]
         print(f"{name:<12} {row['max_rps']:>8} {row['cpu_us_per_req']:>11} {row['added_p50_ms_at_500rps']:>9} "
               f"{row['added_p99_ms_at_500rps']:>9} {row['stream_first_chunk_added_p50_ms']:>14}")
+    print("\n220 KB prompts, added time to the first streamed chunk against direct (ms), by concurrent callers")
+    print(f"{'system':<12} " + " ".join(f"{'c' + str(c):>8}" for c in CONCURRENCY))
+    for name in ("revgate", "revgate_sink", "nginx", "vllm_router", "litellm"):
+        print(f"{name:<12} " + " ".join(f"{figures[name][f'large_prompt_added_ttft_ms_c{c}']:>8}" for c in CONCURRENCY))
     print(f"swap propagation p99 {figures['swap_propagation_p99_ms']} ms (p50 {figures['swap_propagation_p50_ms']})")
     print(f"medians over {len(figures['rounds'])} rounds; ratios per round:")
     for number, measured in enumerate(figures["rounds"], 1):
