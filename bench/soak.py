@@ -4,7 +4,10 @@ One command: ``.venv/bin/python bench/soak.py [--minutes 30]`` (on demand; not p
 A revgate router runs in front of two cheap upstreams (revisions alpha and beta, each naming itself
 in every token); the stable revision swaps between them every ``--swap-every`` seconds. Clients
 send a steady mix: plain completions, streams, streams cancelled by the caller, slow readers,
-oversized bodies, malformed requests, half headers and undecodable ids. Every ``--sample-every``
+callers that reset their connection mid-stream, callers that leave a 230 KB answer unread on a
+4 KiB buffer for 3 s, oversized bodies, malformed requests, half headers and undecodable ids. Before
+the mix, 200 plain requests are sent alone: during the soak no plain request may take longer than
+that baseline's p99 plus ``SLOWER_BOUND_MS`` (500 ms); how many did is ``plain_over_bound``. Every ``--sample-every``
 seconds the router's RSS and open descriptors (from /proc) and its asyncio tasks and connections
 (its /metrics) are sampled.
 
@@ -24,6 +27,8 @@ import platform
 import random
 import re
 import secrets
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -44,8 +49,14 @@ FINGERPRINT = {"alpha": "sha256:" + "a" * 64, "beta": "sha256:" + "b" * 64}
 BY_FINGERPRINT = {value: key for key, value in FINGERPRINT.items()}
 # (kind, weight): the mix each client draws from.
 MIX = (("plain", 30), ("stream", 25), ("cancel", 10), ("slow_reader", 5), ("oversized", 5), ("malformed", 5),
-       ("half_header", 2), ("bad_id", 8), ("pipelined", 10))
+       ("half_header", 2), ("bad_id", 8), ("pipelined", 10), ("reset", 5), ("stalled", 3))
 WARM_UP_FRACTION = 0.2
+# A well-behaved caller's request (``plain``) during the soak may be slower than the same request sent alone
+# (BASELINE_REQUESTS of them, one after another, before the mix begins) by at most this much: other callers
+# share the router's one event loop, but no caller's slow read, reset or stall may hold another's answer.
+BASELINE_REQUESTS = 200
+SLOWER_BOUND_MS = 500.0
+STALL_S = 3.0  # how long a ``stalled`` caller leaves its answer unread (a 4 KiB receive buffer) before it closes
 
 
 # --- the upstream (run as a subprocess: bench/soak.py --upstream NAME PORT) -----------------------
@@ -73,10 +84,11 @@ def serve_upstream(name: str, port: int) -> None:
         def on_message_complete(self) -> None:
             body, self.body = b"".join(self.body), []
             found = re.search(rb'"max_tokens":\s*(\d+)', body)
-            tokens = min(int(found.group(1)) if found else 4, 200)
+            tokens = int(found.group(1)) if found else 4
             if b'"stream":true' in body or b'"stream": true' in body:
-                asyncio.get_running_loop().create_task(self.stream(tokens))
+                asyncio.get_running_loop().create_task(self.stream(min(tokens, 200)))
                 return
+            tokens = min(tokens, 20_000)  # a stalled caller's answer, about 230 KB: more than the buffers between
             text = " ".join(f"{name}-{index}" for index in range(tokens))
             answer = json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": "length"}],
                                  "usage": {"prompt_tokens": 3, "completion_tokens": tokens}}).encode()
@@ -115,6 +127,8 @@ class Tally:
         self.wrong: Counter[str] = Counter()
         self.mixed = 0
         self.examples: list[str] = []
+        self.plain_ms: list[float] = []  # each answered plain request's latency, connect to its last byte
+        self.baseline_ms: list[float] = []  # the same, sent alone before the mix
 
     def bad(self, counter: Counter[str], kind: str, detail: str) -> None:
         counter[kind] += 1
@@ -157,10 +171,23 @@ def check_revision(tally: Tally, kind: str, headers: dict[str, str], body: bytes
     return True
 
 
+async def connect(port: int, receive_buffer: int = 0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the router; with ``receive_buffer``, that small a receive buffer, the kernel's set before
+    connecting and the reader's own as its limit (it stops reading past twice that)."""
+    if not receive_buffer:
+        return await asyncio.open_connection("127.0.0.1", port)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=sock, limit=receive_buffer)
+
+
 async def exchange(kind: str, port: int, tally: Tally) -> None:
     """One request of ``kind``, with its check."""
     tally.sent[kind] += 1
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    began = time.perf_counter()
+    reader, writer = await connect(port, 4096 if kind == "stalled" else 0)
     try:
         if kind in ("plain", "stream", "slow_reader", "cancel"):
             stream = kind != "plain"
@@ -178,6 +205,10 @@ async def exchange(kind: str, port: int, tally: Tally) -> None:
                 tally.bad(tally.lost, kind, f"status {status}, {len(body)} bytes")
             elif check_revision(tally, kind, headers, body):
                 tally.good[kind] += 1
+                if kind == "plain":
+                    tally.plain_ms.append((time.perf_counter() - began) * 1000)
+        elif kind in ("reset", "stalled"):
+            await walk_away(kind, reader, writer, tally)
         elif kind == "pipelined":
             one = request_bytes(json.dumps({"model": "m", "prompt": "p", "max_tokens": 4}).encode())
             writer.write(one * 3)
@@ -190,6 +221,30 @@ async def exchange(kind: str, port: int, tally: Tally) -> None:
         tally.bad(tally.lost, kind, f"{type(error).__name__}: {error}")
     finally:
         writer.close()
+
+
+async def walk_away(kind: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tally: Tally) -> None:
+    """``reset``: a stream's head read, then the connection reset (RST), as a client whose own timeout fired.
+    ``stalled``: a long answer asked for and left unread for STALL_S on a 4 KiB buffer, then the connection closed."""
+    tokens = 200 if kind == "reset" else 20_000
+    writer.write(request_bytes(json.dumps({"model": "m", "prompt": "p", "max_tokens": tokens,
+                                           "stream": kind == "reset"}).encode()))
+    if kind == "reset":
+        await reader.readuntil(b"\r\n\r\n")
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        writer.transport.abort()
+    else:
+        await asyncio.sleep(STALL_S)
+    tally.good[kind] += 1
+
+
+async def baseline(port: int) -> list[float]:
+    """Milliseconds of BASELINE_REQUESTS plain requests sent alone, one after another (each a new connection)."""
+    tally = Tally()
+    for _ in range(BASELINE_REQUESTS):
+        await exchange("plain", port, tally)
+    return tally.plain_ms
 
 
 async def hostile(kind: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tally: Tally) -> None:
@@ -257,6 +312,7 @@ async def drive(args: argparse.Namespace, *, port: int, admin: int, pid: int, st
     import httpx
 
     tally, samples, swaps = Tally(), [], 0
+    tally.baseline_ms = await baseline(port)
     started_at = time.monotonic()
     stop_at = started_at + args.minutes * 60
     clients = [asyncio.create_task(client(port, tally, stop_at, args.pace)) for _ in range(args.clients)]
@@ -354,6 +410,24 @@ def main() -> None:
     report(args, tally, samples, swaps)
 
 
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] if ordered else 0.0
+
+
+def well_behaved(tally: Tally) -> dict[str, Any]:
+    """Plain requests during the soak against the same requests sent alone: how much slower, at worst."""
+    alone = tally.baseline_ms
+    p99_alone = percentile(alone, 0.99)
+    over = [ms for ms in tally.plain_ms if ms > p99_alone + SLOWER_BOUND_MS]
+    return {"plain_alone_p50_ms": round(percentile(alone, 0.5), 2), "plain_alone_p99_ms": round(p99_alone, 2),
+            "plain_soak_p50_ms": round(percentile(tally.plain_ms, 0.5), 2),
+            "plain_soak_p99_ms": round(percentile(tally.plain_ms, 0.99), 2),
+            "plain_soak_max_ms": round(max(tally.plain_ms, default=0.0), 2),
+            "slower_bound_ms": SLOWER_BOUND_MS,
+            "plain_over_bound": len(over), "plain_answered": len(tally.plain_ms)}
+
+
 def report(args: argparse.Namespace, tally: Tally, samples: list[dict[str, float]], swaps: int) -> None:
     figures = {
         "rss_growth_after_warm_up": round(growth(samples, "rss_mib"), 4),
@@ -365,6 +439,7 @@ def report(args: argparse.Namespace, tally: Tally, samples: list[dict[str, float
         "requests": sum(tally.sent.values()), "lost": sum(tally.lost.values()),
         "mixed_revision_answers": tally.mixed, "unexpected_answers": sum(tally.wrong.values()) - tally.mixed,
         "cancelled_by_callers": tally.sent["cancel"], "route_swaps": swaps,
+        **well_behaved(tally),
     }
     result = {
         "command": "python bench/soak.py " + " ".join(sys.argv[1:]), "date": datetime.now(UTC).isoformat(),
