@@ -354,30 +354,25 @@ def swap_propagation(store: Any, admin_port: int, port: int, token: str, swaps: 
     return samples
 
 
-VLLM_ROUTER_VENV = ROOT / ".cache" / "bench" / "vllm-router-venv"
+def peer_binary(command: str, requirement: str) -> Path:
+    """A peer's ``command`` from a venv of its own under .cache/bench, ``requirement`` installed there on first use
+    (peers are measured beside revgate, never its dependencies)."""
+    venv = ROOT / ".cache" / "bench" / f"{command}-venv"
+    binary = venv / "bin" / command
+    if not binary.exists():
+        print(f"installing {requirement} into {venv.relative_to(ROOT)} (first run only)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", requirement], check=True)
+    return binary
 
 
 def vllm_router_binary() -> Path:
-    """vllm-router from its own venv, installed there on first use (it is a peer, not a dependency)."""
-    binary = VLLM_ROUTER_VENV / "bin" / "vllm-router"
-    if not binary.exists():
-        print("installing vllm-router into .cache/bench/vllm-router-venv (first run only)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VLLM_ROUTER_VENV)], check=True)
-        subprocess.run([str(VLLM_ROUTER_VENV / "bin" / "pip"), "install", "-q", "vllm-router"], check=True)
-    return binary
-
-
-LITELLM_VENV = ROOT / ".cache" / "bench" / "litellm-venv"
+    return peer_binary("vllm-router", "vllm-router")
 
 
 def litellm_binary() -> Path:
-    """LiteLLM's proxy from its own venv, installed there on first use (the gateway most teams try first)."""
-    binary = LITELLM_VENV / "bin" / "litellm"
-    if not binary.exists():
-        print("installing LiteLLM's proxy into .cache/bench/litellm-venv (first run only)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
-        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"], check=True)
-    return binary
+    """LiteLLM's proxy: the gateway most teams try first."""
+    return peer_binary("litellm", "litellm[proxy]")
 
 
 def litellm_config(workdir: Path, upstream: int) -> Path:

@@ -299,22 +299,31 @@ def controller(control: Host, spec: Path, candidate: RevisionTarget, lease: int,
         log.close()
 
 
-def partitioned_controller(fleet: Fleet, spec: Path, lease: int, renew: float) -> dict[str, Any]:
-    """The controller holds the candidate's lease; control's link goes down; until stable serves everything."""
-    plane, edges, control = fleet.plane, fleet.edges, fleet.network["control"]
-    store = plane.route_store
+def held_canary(fleet: Fleet, stack: ExitStack, spec: Path, lease: int, renew: float) -> tuple[RouteSnapshot,
+                                                                                          list[Users]]:
+    """Stable alone, then the controller on control holding the candidate's canary (renewed at least twice and
+    served by both routers), and users through both for as long as ``stack`` holds them: the generation before
+    the canary, and the users."""
+    plane, edges, store = fleet.plane, fleet.edges, fleet.plane.route_store
     start = commit(plane, edges, candidate=None, cohort_secret="", max_retries=1)  # stable alone
     all_serve(edges, start.generation)
+    stack.enter_context(controller(fleet.network["control"], spec, target(CANDIDATE, fleet.candidate_url), lease,
+                                   renew))
+    renewed = wait_until(lambda: (now := store.read(ROUTE)) and now.created_by == BY
+                         and now.generation >= start.generation + 3 and now, 60,
+                         "the controller's canary renewed twice", every_s=0.1)
+    all_serve(edges, renewed.generation)
+    loops = stack.enter_context(traffic(edges, fleet.rate))
+    wait_until(lambda: all(sum(item.revision == CANDIDATE for _, item in loop.done()) >= 5 for loop in loops),
+               60, "the candidate serving through both routers")
+    return start, loops
+
+
+def partitioned_controller(fleet: Fleet, spec: Path, lease: int, renew: float) -> dict[str, Any]:
+    """The controller holds the candidate's lease; control's link goes down; until stable serves everything."""
+    edges, control, store = fleet.edges, fleet.network["control"], fleet.plane.route_store
     with ExitStack() as stack:
-        stack.enter_context(controller(control, spec, target(CANDIDATE, fleet.candidate_url), lease, renew))
-        # The controller's canary, then at least two renewals of it, served by both routers.
-        renewed = wait_until(lambda: (now := store.read(ROUTE)) and now.created_by == BY
-                             and now.generation >= start.generation + 3 and now, 60,
-                             "the controller's canary renewed twice", every_s=0.1)
-        all_serve(edges, renewed.generation)
-        loops = stack.enter_context(traffic(edges, fleet.rate))
-        wait_until(lambda: all(sum(item.revision == CANDIDATE for _, item in loop.done()) >= 5 for loop in loops),
-                   60, "the candidate serving through both routers")
+        start, loops = held_canary(fleet, stack, spec, lease, renew)
         cut_s = time.time()
         control.cut()
         try:
@@ -445,21 +454,10 @@ def cut_edge_lease(fleet: Fleet, spec: Path, lease: int, renew: float) -> dict[s
 
     ``seconds``: from the end of the lease ``edge-1`` held to the sending time of the last request through it
     that the candidate served (at most 0 when it switched by its own clock, as it should)."""
-    plane, edges, network = fleet.plane, fleet.edges, fleet.network
-    control, store_host, cut_edge = network["control"], network["store"], network["edge-1"]
-    one = edges[0]
-    store = plane.route_store
-    start = commit(plane, edges, candidate=None, cohort_secret="", max_retries=1)  # stable alone
-    all_serve(edges, start.generation)
+    network, store = fleet.network, fleet.plane.route_store
+    store_host, cut_edge, one = network["store"], network["edge-1"], fleet.edges[0]
     with ExitStack() as stack:
-        stack.enter_context(controller(control, spec, target(CANDIDATE, fleet.candidate_url), lease, renew))
-        renewed = wait_until(lambda: (now := store.read(ROUTE)) and now.created_by == BY
-                             and now.generation >= start.generation + 3 and now, 60,
-                             "the controller's canary renewed twice", every_s=0.1)
-        all_serve(edges, renewed.generation)
-        loops = stack.enter_context(traffic(edges, fleet.rate))
-        wait_until(lambda: all(sum(item.revision == CANDIDATE for _, item in loop.done()) >= 5 for loop in loops),
-                   60, "the candidate serving through both routers")
+        _, loops = held_canary(fleet, stack, spec, lease, renew)
         unavailable = counter(one, "store_unavailable")
         cut_s = time.time()
         cut_edge.cut_from(store_host)

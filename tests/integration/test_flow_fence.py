@@ -12,6 +12,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import boto3
 import httpx
@@ -112,12 +113,24 @@ def test_a_bake_ends_at_once_when_another_writer_takes_the_route(tmp_path: Path)
     assert [s.created_by for s in store.history("baking")] == ["seed", "someone with route set"]
 
 
+def flow_beside_operator(probe: Any, operator: Any) -> float:
+    """Run the flow ``probe`` while ``operator`` acts on it from a thread of its own; the seconds the flow took."""
+    import contextvars
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(operator,))
+    thread.start()
+    started = time.monotonic()
+    try:
+        probe(return_state=True)
+    finally:
+        thread.join()
+    return time.monotonic() - started
+
+
 @pytest.mark.servers
 @pytest.mark.timeout(300)
 def test_a_bake_ends_at_once_when_the_flow_run_is_cancelled(prefect_api: str, tmp_path: Path) -> None:
     """Cancel in the Prefect UI: a run started in-process has no runner to kill it; the heartbeat asks."""
-    import contextvars
-    import threading
 
     from prefect import flow
     from prefect.client.orchestration import get_client
@@ -149,14 +162,7 @@ def test_a_bake_ends_at_once_when_the_flow_run_is_cancelled(prefect_api: str, tm
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(run_ids[0], Cancelling(), force=True)
 
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(operator,))
-    thread.start()
-    started = time.monotonic()
-    try:
-        probe(return_state=True)
-    finally:
-        thread.join()
-    assert time.monotonic() - started < 120  # not the bake's 600 s
+    assert flow_beside_operator(probe, operator) < 120  # not the bake's 600 s
     assert outcome and "was cancelled" in outcome[0]
 
 
@@ -170,7 +176,6 @@ def test_an_approval_pause_ends_within_seconds_when_the_run_is_cancelled_or_the_
     # UI or another writer taking the route stopped the renewals, but the flow sat in its pause until the
     # timeout, its candidate's replicas running and its route lock held, and then took the timeout for a
     # rejection.
-    import contextvars
 
     from prefect import flow
     from prefect.client.orchestration import get_client
@@ -213,14 +218,7 @@ def test_an_approval_pause_ends_within_seconds_when_the_run_is_cancelled_or_the_
             store.write(successor(current, by="someone with route set", now=datetime.now(UTC),
                                   request_timeout_ms=5000))
 
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(operator,))
-    thread.start()
-    started = time.monotonic()
-    try:
-        probe(return_state=True)
-    finally:
-        thread.join()
-    assert time.monotonic() - started < 150  # not the pause's hour
+    assert flow_beside_operator(probe, operator) < 150  # not the pause's hour
     expected = RolloutCancelled if stop == "cancelled" else RouteTakenOver
     assert outcome and isinstance(outcome[0], expected), outcome
 
