@@ -381,7 +381,9 @@ def test_the_revisions_interface_policy_is_what_the_router_enforces(router: Rout
     """The defect: InterfacePolicy (output token cap, timeout, retries) was fingerprinted, never enforced."""
     from revgate.manifests.route import RouteSnapshot
 
-    limits = {"max_output_tokens": 3, "request_timeout_ms": 1_500, "max_retries": 0}
+    # A deadline well above an instant upstream's answer on a loaded machine (1.5 s once cut a plain answer
+    # with the gated rollouts running beside), and well below the slow answer's delay.
+    limits = {"max_output_tokens": 3, "request_timeout_ms": 5_000, "max_retries": 0}
 
     def make(generation: int) -> RouteSnapshot:
         plain = snapshot(ROUTE, generation, [farm["a1"]]).model_dump(mode="json")
@@ -397,9 +399,9 @@ def test_the_revisions_interface_policy_is_what_the_router_enforces(router: Rout
     assert [seen["body"]["max_tokens"] for seen in upstream.seen[before:]] == [3, 3]
     assert asked_more.json()["usage"]["completion_tokens"] == 3
 
-    # The revision's deadline (1.5 s), not the route's (60 s): a slow answer is cut at the revision's.
+    # The revision's deadline (5 s), not the route's (60 s): a slow answer is cut at the revision's.
     slow = httpx.post(f"{router.url}/v1/completions", timeout=30,
-                      json={"model": ROUTE, "prompt": "hi", "max_tokens": 3, "user": "delay-ms:2000"})
+                      json={"model": ROUTE, "prompt": "hi", "max_tokens": 3, "user": "delay-ms:10000"})
     assert slow.status_code == 504, slow.text
 
     # No retry on this revision: the replica's refusal reaches the caller (the route alone would retry).
