@@ -200,8 +200,12 @@ def test_an_improved_revision_approved_on_the_resume_form_is_promoted_and_the_de
     assert {"revgate.step.verify", "revgate.step.isolated-check"} <= set(run.data.tags)
     assert sum(key.startswith("revgate.digest.gate-report-") for key in run.data.tags) >= 2  # shadow and canary
     _, report = last_report(client, tmp_path)
-    counts = evidence_counts(report)  # the canary's evidence: users' requests and probes, on both arms
-    assert min(counts.values()) > 0, counts
+    counts = evidence_counts(report)  # the canary's evidence: probes on both arms, and users' requests
+    # Users send 0.5 requests/s and a busy machine's canary stage lasts about 10 s: a handful of requests, split
+    # by session between the arms, so one arm may get none (seen once: 4 and 0). Both arms' probes, and users'
+    # requests in the stage's evidence, are what must hold.
+    assert counts["stable_probes"] > 0 and counts["candidate_probes"] > 0, counts
+    assert counts["stable_users"] + counts["candidate_users"] > 0, counts
 
 
 def started_by(state: Path) -> list[int]:
