@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from revgate.flows.processes import service
 from revgate.serving.worker.engine import free_port
+from tests.integration.hosts import pid_gone
+from tests.integration.rollout_estate import wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -38,22 +39,6 @@ SERVICE = textwrap.dedent("""
 """)
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie or a reaped process is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def wait_gone(pids: list[int], limit_s: float = 30.0) -> list[int]:
-    deadline = time.monotonic() + limit_s
-    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
 def test_a_stopped_service_takes_what_it_spawned_with_it(tmp_path: Path) -> None:
     script, pids = tmp_path / "service.py", tmp_path / "pids"
     script.write_text(SERVICE)
@@ -63,7 +48,7 @@ def test_a_stopped_service_takes_what_it_spawned_with_it(tmp_path: Path) -> None
         leader, helper = map(int, pids.read_text().split())
         assert os.getpgid(process.pid) == process.pid, "the service does not lead a process group of its own"
         assert os.getsid(helper) == process.pid, "the service's helper is not in the service's session"
-    assert wait_gone([leader, helper]) == [], "the service's helper outlived its stop"
+    wait_until(lambda: pid_gone(leader) and pid_gone(helper), 30, "the service and its helper gone after its stop")
 
 
 def test_services_end_when_their_owner_is_killed_outright(tmp_path: Path) -> None:
@@ -87,10 +72,10 @@ def test_services_end_when_their_owner_is_killed_outright(tmp_path: Path) -> Non
         owner.wait(10)
         # The kernel sends the service SIGTERM when its owner dies (the parent-death signal). Its own children
         # are its to stop, as Prefect's and MLflow's servers do on SIGTERM; this one's helper is killed below.
-        assert wait_gone([leader]) == [], "the service outlived its owner's SIGKILL"
+        wait_until(lambda: pid_gone(leader), 30, "the service gone after its owner's SIGKILL")
     finally:
         owner.kill()
         owner.wait(10)
         for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
-            if alive(pid):
+            if not pid_gone(pid):
                 os.kill(pid, signal.SIGKILL)
