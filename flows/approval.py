@@ -16,6 +16,7 @@ the key that verified it (``approval-statement``, ``approval-signature``, ``appr
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import json
 import threading
 import time
@@ -174,17 +175,29 @@ def watched_pause(form: type[Approval], timeout_s: int, stopped: Callable[[], bo
         try:
             done.set_result(context.run(pause_flow_run, wait_for_input=form, timeout=timeout_s,
                                         poll_interval=PAUSE_POLL_S))
-        except BaseException as error:  # handed to the flow's thread, which raises it
-            done.set_exception(error)
+        except BaseException as error:  # handed to the flow's thread, which raises it (unless it stopped waiting)
+            if not done.done():
+                done.set_exception(error)
 
-    threading.Thread(target=pause, name="approval-pause", daemon=True).start()
+    thread = threading.Thread(target=pause, name="approval-pause", daemon=True)
+    thread.start()
     while True:
         try:
             return done.result(timeout=PAUSE_POLL_S)
         except TimeoutError:
             if stopped():
-                # The thread is left to its pause's own end (a poll of the run every PAUSE_POLL_S, nothing else).
+                end_pause(thread)
                 raise PauseStopped from None
+
+
+def end_pause(thread: threading.Thread, within_s: float = 3 * PAUSE_POLL_S) -> None:
+    """End an abandoned pause's thread: Prefect's pause has no way to be told to stop, and left alone it polls a
+    run that no longer waits for an hour, then logs to an API that has gone. PauseStopped is raised in the thread
+    at its next step (after its current poll), and the thread is given ``within_s`` to end."""
+    if thread.ident is None or not thread.is_alive():
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(PauseStopped))
+    thread.join(within_s)
 
 
 class Repause:

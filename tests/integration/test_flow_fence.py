@@ -26,6 +26,7 @@ from revgate.manifests.route_change import canary, successor
 from revgate.registry.route_store import open_route_store
 from revgate.serving.worker.engine import free_port
 from tests.integration.commands import revgate
+from tests.integration.rollout_estate import wait_until
 from tests.integration.s3_proxy import cut_off_while, losing_answers
 from tests.integration.test_flow_lock import spec as lock_spec
 
@@ -221,6 +222,9 @@ def test_an_approval_pause_ends_within_seconds_when_the_run_is_cancelled_or_the_
     assert flow_beside_operator(probe, operator) < 150  # not the pause's hour
     expected = RolloutCancelled if stop == "cancelled" else RouteTakenOver
     assert outcome and isinstance(outcome[0], expected), outcome
+    # Nor is Prefect's pause left polling the run in a thread for the rest of its hour.
+    wait_until(lambda: not [thread for thread in threading.enumerate() if thread.name == "approval-pause"], 30,
+               "the abandoned pause's thread ended")
 
 
 def test_a_running_flow_never_undoes_an_operators_rollback(tmp_path: Path) -> None:
