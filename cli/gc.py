@@ -57,8 +57,7 @@ def run_gc(args: argparse.Namespace) -> int:
                 snapshots.append(current)
                 retired_at.update(retired(itertools.chain([current], newest_first), since=since))
     clients = {url.rstrip("/"): WorkerClient(url, token) for url in args.worker}
-    # rollback reads plain mappings (it imports nothing of the data plane): the typed views, dumped
-    views = {url: [view.model_dump() for view in client.replicas()] for url, client in clients.items()}
+    views = {url: client.replicas() for url, client in clients.items()}
     reaps = reapable(views, snapshots, now=now, grace_s=args.grace_s, hold_s=args.hold_s, retired_at=retired_at)
     for reap in reaps:
         if not args.dry_run:

@@ -13,13 +13,33 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Protocol
 
 from revgate.manifests.route import RouteSnapshot
 
 GONE = frozenset({"draining", "terminated", "failed"})  # nothing to reap: on its way out, or out
 
 Holds = dict[str, tuple[datetime, str]]  # endpoint -> (the hold's end, what held it)
+
+
+class ReplicaFacts(Protocol):
+    """What the rule reads of a replica as its agent reports it (the worker's ``ReplicaView`` has these; the rule
+    imports nothing of the data plane)."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    @property
+    def revision(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...  # one of the worker's replica states
+
+    @property
+    def endpoint(self) -> str: ...  # empty before it is ready
+
+    @property
+    def created_at(self) -> float: ...  # when the agent started it (0: it does not say)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +104,7 @@ def holds(routes: Iterable[RouteSnapshot], retired_at: Mapping[str, tuple[dateti
     return stable, timed
 
 
-def reapable(replicas: Mapping[str, Iterable[Mapping[str, Any]]], routes: Iterable[RouteSnapshot], *,
+def reapable(replicas: Mapping[str, Iterable[ReplicaFacts]], routes: Iterable[RouteSnapshot], *,
              now: datetime, grace_s: float, hold_s: float = 0.0,
              retired_at: Mapping[str, tuple[datetime, str]] | None = None) -> list[Reap]:
     """The replicas (worker URL -> its replica views) that nothing holds, past the grace period.
@@ -97,15 +117,14 @@ def reapable(replicas: Mapping[str, Iterable[Mapping[str, Any]]], routes: Iterab
     found: list[Reap] = []
     for worker, views in replicas.items():
         for view in views:
-            if str(view.get("state")) in GONE:
+            if view.state in GONE:
                 continue
-            endpoint = _key(str(view.get("endpoint") or ""))
+            endpoint = _key(view.endpoint)
             if endpoint and endpoint in stable:
                 continue
-            reason = _left_over(timed.get(endpoint) if endpoint else None, float(view.get("created_at") or 0.0),
-                                now=now, grace=grace)
+            reason = _left_over(timed.get(endpoint) if endpoint else None, view.created_at, now=now, grace=grace)
             if reason:
-                found.append(Reap(worker, str(view["replica_id"]), str(view.get("revision", "")), endpoint, reason))
+                found.append(Reap(worker, view.replica_id, view.revision, endpoint, reason))
     return found
 
 

@@ -13,6 +13,28 @@ from pydantic import Field
 from revgate.manifests.seam import ReplyDocument, Seam, Transport, network
 
 
+class OutletHealth(ReplyDocument):
+    """One record outlet's state: a JSON-lines file (``files``), or the base of a record store's sink."""
+
+    ok: bool
+    where: str
+    written_records: int = 0
+    failures: int = 0
+    dropped: int = 0
+    held: int = 0
+    capacity: int = 0
+    last_error: str = ""
+    failing_since_s: float | None = None
+
+
+class SinkHealth(OutletHealth):
+    """The record store's sink for one kind of record (``sinks``): objects written, and whether it signs them."""
+
+    signed: bool = False
+    written_objects: int = 0
+    last_success_s: float | None = None
+
+
 class RouterHealth(ReplyDocument):
     """``GET /admin/health``: the generation served, each record sink's state, and a store gone backwards."""
 
@@ -20,8 +42,8 @@ class RouterHealth(ReplyDocument):
     route: str
     generation: int
     router_id: str = ""
-    sinks: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    files: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    sinks: dict[str, SinkHealth] = Field(default_factory=dict)
+    files: dict[str, OutletHealth] = Field(default_factory=dict)
     store_regressed: dict[str, Any] | None = None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from revgate.manifests.route import RevisionTarget, RouteSnapshot
@@ -14,9 +15,19 @@ CANDIDATE = RevisionTarget(fingerprint="sha256:" + "2" * 64, endpoints=("http://
 W = "http://127.0.0.1:8700"
 
 
-def view(replica_id: str, endpoint: str, *, age_s: float = 3600, state: str = "ready") -> dict[str, object]:
-    return {"replica_id": replica_id, "revision": "sha256:" + "9" * 64, "state": state, "endpoint": endpoint,
-            "created_at": (NOW - timedelta(seconds=age_s)).timestamp()}
+@dataclass(frozen=True)
+class Replica:
+    """A replica as an agent reports it, reduced to what the rule reads."""
+
+    replica_id: str
+    endpoint: str
+    created_at: float
+    state: str = "ready"
+    revision: str = "sha256:" + "9" * 64
+
+
+def view(replica_id: str, endpoint: str, *, age_s: float = 3600, state: str = "ready") -> Replica:
+    return Replica(replica_id, endpoint, (NOW - timedelta(seconds=age_s)).timestamp(), state)
 
 
 def route(lease_ends: datetime | None = None) -> RouteSnapshot:
@@ -26,7 +37,7 @@ def route(lease_ends: datetime | None = None) -> RouteSnapshot:
     return successor(first, by="flow", now=NOW, candidate=canary(CANDIDATE, 50_000, lease_ends, 0))
 
 
-def reaped(views: list[dict[str, object]], lease_ends: datetime | None = None, grace_s: float = 600) -> list[str]:
+def reaped(views: list[Replica], lease_ends: datetime | None = None, grace_s: float = 600) -> list[str]:
     return [r.replica_id for r in reapable({W: views}, [route(lease_ends)], now=NOW, grace_s=grace_s)]
 
 
@@ -44,8 +55,7 @@ def test_a_replica_named_nowhere_is_kept_while_young_then_reaped_and_the_gone_ar
     assert reaped([view("orphan", "http://127.0.0.1:8009", age_s=601)]) == ["orphan"]
     assert reaped([view("draining", "http://127.0.0.1:8009", state="draining"),
                    view("done", "http://127.0.0.1:8010", state="terminated")]) == []
-    unknown_age = view("old-agent", "http://127.0.0.1:8011")
-    unknown_age["created_at"] = 0.0
+    unknown_age = replace(view("old-agent", "http://127.0.0.1:8011"), created_at=0.0)
     assert reaped([unknown_age]) == []
 
 

@@ -97,13 +97,18 @@ def test_an_unreachable_service_is_an_os_error_as_before() -> None:
 def test_the_router_admin_client_reads_health_and_notify_answers() -> None:
     transport = MemoryTransport({
         ("GET", "/admin/health"): lambda exchange: (200, {"status": "degraded", "route": "chat", "generation": 7,
-                                                          "router_id": "edge-1", "sinks": {}, "files": {},
+                                                          "router_id": "edge-1", "files": {},
+                                                          "sinks": {"requests": {"ok": False, "where": "s3://r/",
+                                                                                 "failures": 3, "held": 40,
+                                                                                 "signed": True}},
                                                           "store_regressed": {"message": "store went back"}}),
         ("POST", "/admin/notify"): lambda exchange: (200, {"result": "swapped", "generation": 8}),
     })
     admin = RouterAdmin("http://198.18.0.7:8081", "t0ken", transport=transport)
     health = admin.health()
     assert (health.generation, health.status, health.store_regressed) == (7, "degraded", {"message": "store went back"})
+    sink = health.sinks["requests"]
+    assert (sink.ok, sink.failures, sink.held, sink.signed, sink.written_objects) == (False, 3, 40, True, 0)
     assert (admin.notify().result, transport.exchanges[-1].method) == ("swapped", "POST")
     broken = RouterAdmin("http://r", "t", transport=MemoryTransport({
         ("GET", "/admin/health"): lambda exchange: (200, {"status": "ok", "route": "chat"})}))
