@@ -126,28 +126,9 @@ def wait_for(port: int, timeout: float = 60) -> None:
     raise TimeoutError(f"nothing listens on {port}")
 
 
-def process_tree_cpu_ns(pid: int) -> int:
-    """Nanoseconds on a CPU of ``pid``, its threads and its children's (scheduler statistics: exact, where the
-    tick counts of /proc/<pid>/stat are 10 ms coarse, too coarse for a few thousand requests)."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if int(entry.name) != pid and parent != pid:
-                continue
-            for task in (entry / "task").iterdir():
-                total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
-def process_tree_cpu_s(pid: int) -> float:
-    """User+system CPU seconds of ``pid`` and its children (nginx's worker, for one)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+def _tree(pid: int) -> Iterator[tuple[Path, list[str]]]:
+    """``pid`` and its children (nginx's worker, for one): each one's /proc folder and its stat fields after the
+    command name."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -156,8 +137,26 @@ def process_tree_cpu_s(pid: int) -> float:
         except OSError:
             continue
         if int(entry.name) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / ticks
+            yield entry, fields
+
+
+def process_tree_cpu_ns(pid: int) -> int:
+    """Nanoseconds on a CPU of ``pid``'s tree, every thread (scheduler statistics: exact, where the tick counts
+    of /proc/<pid>/stat are 10 ms coarse, too coarse for a few thousand requests)."""
+    total = 0
+    for entry, _ in _tree(pid):
+        try:
+            total += sum(int((task / "schedstat").read_text().split()[0]) for task in (entry / "task").iterdir())
+        except (OSError, ValueError, IndexError):
+            continue
     return total
+
+
+def process_tree_cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid``'s tree (ticks: enough for a closed loop's tens of thousands)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = [fields for _, fields in _tree(pid)]
+    return sum(int(f[11]) for f in stats) / ticks, sum(int(f[12]) for f in stats) / ticks
 
 
 @contextmanager
@@ -187,13 +186,17 @@ def wrk_max_rps(port: int, pid: int, seconds: int, workdir: Path) -> dict[str, f
     url = f"http://127.0.0.1:{port}/v1/completions"
     subprocess.run(["taskset", "-c", LOAD_CORE, "wrk", "-t1", "-c16", "-d1s", "-s", str(script), url],
                    capture_output=True, check=True)  # warm-up: connections, pools, caches
-    before = process_tree_cpu_s(pid)
+    user, system = process_tree_cpu_s(pid)
     result = subprocess.run(["taskset", "-c", LOAD_CORE, "wrk", "-t1", "-c32", f"-d{seconds}s", "-s", str(script),
                              url], capture_output=True, text=True, check=True)
-    cpu = process_tree_cpu_s(pid) - before
-    requests = int(next(line for line in result.stdout.splitlines() if "requests in" in line).split()[0])
+    user_after, system_after = process_tree_cpu_s(pid)
+    requests = max(1, int(next(line for line in result.stdout.splitlines() if "requests in" in line).split()[0]))
     errors = sum(int(word) for line in result.stdout.splitlines() if "Non-2xx" in line for word in line.split()[-1:])
-    return {"max_rps": requests / seconds, "cpu_us_per_req": cpu / max(requests, 1) * 1e6, "errors": errors}
+    # User and system apart: the system part is the four socket calls and, for the proxy that is the bottleneck,
+    # waking its idle peers on every write (see docs/benchmarks.md).
+    user_us, system_us = (user_after - user) / requests * 1e6, (system_after - system) / requests * 1e6
+    return {"max_rps": requests / seconds, "cpu_us_per_req": user_us + system_us, "cpu_user_us_per_req": user_us,
+            "cpu_system_us_per_req": system_us, "errors": errors}
 
 
 async def _head(port: int, body: bytes, pool: list[Any]) -> tuple[Any, Any, bytes]:
@@ -527,6 +530,8 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     for name, measured in results.items():
         figures[name] = {
             "cpu_us_per_req": round(measured["cpu_us_per_req"], 1),
+            "cpu_user_us_per_req": round(measured["cpu_user_us_per_req"], 1),
+            "cpu_system_us_per_req": round(measured["cpu_system_us_per_req"], 1),
             "cpu_us_per_req_at_500rps": round(measured["cpu_us_per_req_at_rate"], 1),
             "max_rps": round(measured["max_rps"]),
             "added_p50_ms_at_500rps": round(measured["p50_ms"] - direct["p50_ms"], 3),
