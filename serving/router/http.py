@@ -31,6 +31,7 @@ from typing import Any, Protocol, cast
 import httptools
 
 from revgate.serving.router.limits import Limits, Watchdog, refusal_body
+from revgate.serving.router.writes import HeldWrites
 
 log = logging.getLogger("revgate.router")
 
@@ -52,6 +53,10 @@ REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3
 SERVER_ERROR = b'{"error":{"message":"internal error in the router","type":"internal_error"}}'
 NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
+# Held answer bytes past this go to the transport at once, not at the end of the turn: the event loop
+# reads up to 32 pieces from one upstream in a turn, and only a write tells a backed-up caller's
+# exchange to stop reading (asyncio's default high-water mark, so small answers still go together).
+SEND_AT_ONCE = 64 * 1024
 
 
 def error_body(message: str, kind: str) -> bytes:
@@ -75,9 +80,11 @@ class Holds(Protocol):
 class ServerConnection(asyncio.Protocol):
     """One caller connection."""
 
-    def __init__(self, handler: Handler, watchdog: Watchdog) -> None:
-        self.handler, self.watchdog, self.limits = handler, watchdog, watchdog.limits
+    def __init__(self, handler: Handler, watchdog: Watchdog, writes: HeldWrites) -> None:
+        self.handler, self.watchdog, self.limits, self.writes = handler, watchdog, watchdog.limits, writes
         self.transport: asyncio.Transport | None = None
+        self.out: list[bytes] = []  # answer bytes held for the end of the loop's turn (see writes.py)
+        self.out_bytes = 0
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
         self.headers: dict[bytes, bytes] = {}
@@ -125,8 +132,8 @@ class ServerConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             # No protocol switch here: the request is answered as plain HTTP, and nothing after it is read.
             self.refused = self.close_when_done = True
-            if not self.busy and self.transport is not None:
-                self.transport.close()
+            if not self.busy:
+                self.close()
             return
         except httptools.HttpParserError as error:
             if not self.refused:  # else a callback refused and stopped the parser
@@ -259,6 +266,7 @@ class ServerConnection(asyncio.Protocol):
         if self.paused:
             self.paused = False
             transport.resume_reading()
+        self.send_held()  # the answer in progress first
         transport.write(answer)
         if transport.can_write_eof():
             transport.write_eof()
@@ -268,7 +276,9 @@ class ServerConnection(asyncio.Protocol):
     def unsent(self) -> int:
         """Answer bytes written and not yet taken by the caller (for the router's global budget)."""
         transport = self.transport
-        return transport.get_write_buffer_size() if transport is not None and not self.closed else 0
+        if transport is None or self.closed:
+            return 0
+        return transport.get_write_buffer_size() + self.out_bytes
 
     def kept(self) -> int:
         """Answer bytes the exchange in flight keeps for its record (for the router's global budget)."""
@@ -282,17 +292,17 @@ class ServerConnection(asyncio.Protocol):
             return
         if self.write_paused and now - self.write_paused_at >= limits.write_stall_timeout_s:
             self.watchdog.write_stalls += 1
-            transport.abort()  # the caller stopped reading: its answers will never be taken
+            self.abort()  # the caller stopped reading: its answers will never be taken
             return
         elapsed = now - self.since
         if phase == LINGER:
             if elapsed >= limits.linger_s:
-                self._close_now(transport)
+                self._close_now()
         elif self.busy or self.paused:
             return  # the request in progress has its own deadline
         elif phase == IDLE:
             if elapsed >= limits.idle_timeout_s:
-                self._close_now(transport)
+                self._close_now()
         elif phase == HEAD:
             if elapsed >= limits.header_timeout_s:
                 self.refuse(408, f"request headers not complete within {limits.header_timeout_s} s",
@@ -301,20 +311,18 @@ class ServerConnection(asyncio.Protocol):
             self.refuse(408, f"request body not complete within {limits.body_timeout_s} s", "request_timeout",
                         "request body", "Send the body faster or make it smaller.")
 
-    @staticmethod
-    def _close_now(transport: asyncio.Transport) -> None:
+    def _close_now(self) -> None:
         """Close; abort when answer bytes are still unsent (close would wait for a reader that may never read)."""
-        if transport.get_write_buffer_size():
-            transport.abort()
+        if self.unsent():
+            self.abort()
         else:
-            transport.close()
+            self.close()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.task = None
         if not task.cancelled() and task.exception() is not None:
             log.error("request task failed", exc_info=task.exception())
-            if self.transport is not None:
-                self.transport.abort()  # the answer may be half-written: it must not look complete
+            self.abort()  # the answer may be half-written: it must not look complete
         self.request_done()
 
     def continue_in(self, work: Coroutine[Any, Any, None]) -> None:
@@ -328,7 +336,7 @@ class ServerConnection(asyncio.Protocol):
         self.busy, self.on_lost, self.on_pause, self.on_resume = False, None, None, None
         self.exchange = None
         if self.close_when_done and self.transport is not None:
-            self.transport.close()
+            self.close()
             return
         self.since = self.watchdog.now  # a partly read next request is timed from now
         self._next()
@@ -338,6 +346,8 @@ class ServerConnection(asyncio.Protocol):
         self.closed = True
         self.watchdog.connections.discard(self)
         self.pending.clear()
+        self.out.clear()
+        self.out_bytes = 0
         if self.task is not None:
             self.task.cancel()
         elif self.on_lost is not None:
@@ -366,21 +376,49 @@ class ServerConnection(asyncio.Protocol):
             self._next()
 
     def write(self, data: bytes) -> None:
-        """Write to the caller unless it has gone; a caller holding too many unsent bytes is cut off."""
-        transport = self.transport
-        if transport is not None and not self.closed:
-            transport.write(data)
-            if transport.get_write_buffer_size() > self.limits.max_buffered_response_bytes:
-                self.watchdog.buffer_overflows += 1
-                transport.abort()
+        """Write to the caller unless it has gone: held to the end of the loop's turn, then sent with the rest."""
+        if self.transport is not None and not self.closed:
+            if not self.out:
+                self.writes.hold(self)
+            self.out.append(data)
+            self.out_bytes += len(data)
+            if self.out_bytes >= SEND_AT_ONCE:
+                self.send_held()  # a large answer goes now: a backed-up caller must pause its upstream at once
+
+    def send_held(self) -> None:
+        """Hand the held bytes to the transport; a caller holding too many unsent bytes is cut off."""
+        out, transport = self.out, self.transport
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self.out_bytes = 0
+        if transport is None or self.closed or transport.is_closing():
+            return
+        transport.write(data)
+        if transport.get_write_buffer_size() > self.limits.max_buffered_response_bytes:
+            self.watchdog.buffer_overflows += 1
+            transport.abort()
+
+    def close(self) -> None:
+        """Close once the bytes written so far are sent."""
+        if self.transport is not None:
+            self.send_held()
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Cut the connection (a reset) after handing over the bytes written so far, as a write would have."""
+        if self.transport is not None:
+            self.send_held()
+            self.transport.abort()
 
     def finish(self, keep_alive: bool) -> None:
         """End a response: close (once the request ends) unless the connection is kept alive."""
         if keep_alive:
             return
         self.close_when_done = True
-        if not self.busy and self.transport is not None:
-            self.transport.close()
+        if not self.busy:
+            self.close()
 
     def respond(self, status: int, body: bytes, *, keep_alive: bool = True, headers: bytes = b"",
                 content_type: bytes = b"application/json") -> None:
@@ -416,8 +454,8 @@ LAST_CHUNK = b"0\r\n\r\n"
 async def serve(handler: Handler, host: str, port: int, limits: Limits) -> tuple[asyncio.Server, Watchdog]:
     """Listen on ``host:port``; each connection runs ``handler`` per request, within ``limits``."""
     loop = asyncio.get_running_loop()
-    watchdog = Watchdog(limits)
+    watchdog, writes = Watchdog(limits), HeldWrites()
     watchdog.start(loop)
-    server = await loop.create_server(lambda: ServerConnection(handler, watchdog), host, port, backlog=2048,
+    server = await loop.create_server(lambda: ServerConnection(handler, watchdog, writes), host, port, backlog=2048,
                                       reuse_address=True)
     return server, watchdog

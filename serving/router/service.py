@@ -476,8 +476,8 @@ class Router:
     def _answered(self, call: Call, relay: Relay) -> None:
         """The upstream's response (complete or cut) went to the caller."""
         self._finish(call, "error" if relay.error else _outcome(relay.status), str(relay.error or ""))
-        if relay.error is not None and call.caller.transport is not None:
-            call.caller.transport.abort()  # a truncated stream must not look complete
+        if relay.error is not None:
+            call.caller.abort()  # a truncated stream must not look complete
 
     def _abandoned(self, call: Call) -> None:
         """The caller went away (after a complete answer, or a stream's [DONE], it still counts as served)."""
@@ -491,8 +491,7 @@ class Router:
         relay = call.relay
         if relay is not None and relay.started:
             self._finish(call, outcome, message)
-            if call.caller.transport is not None:
-                call.caller.transport.abort()
+            call.caller.abort()
             return
         kind = "timeout" if outcome == "timeout" else "upstream_error"
         body = error_body(message, kind)

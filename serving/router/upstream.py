@@ -14,6 +14,8 @@ from typing import Protocol, cast
 
 import httptools
 
+from revgate.serving.router.writes import HeldWrites
+
 Address = tuple[str, int]
 MAX_IDLE_PER_ENDPOINT = 512
 
@@ -55,6 +57,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.received = False
         self.reused = False
         self.paused = False  # reading stopped for a slow caller: never pooled so
+        self.out = b""  # the request, held for the end of the loop's turn (see writes.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport; disable Nagle for small request writes."""
@@ -64,7 +67,14 @@ class UpstreamConnection(asyncio.Protocol):
         """Write a full request; events go to ``sink``."""
         self.sink, self.headers, self.received = sink, [], False
         assert self.transport is not None
-        self.transport.write(request)
+        self.out = request
+        self.pool.writes.hold(self)
+
+    def send_held(self) -> None:
+        """Hand the held request to the transport, unless the connection ended first (it was never sent)."""
+        request, self.out = self.out, b""
+        if request and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(request)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; a protocol error fails the exchange and the connection."""
@@ -125,12 +135,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """Abort the connection: in-flight work upstream sees a disconnect and is cancelled."""
-        self.sink = None
+        self.sink, self.out = None, b""
         if self.transport is not None:
             self.transport.abort()
 
     def _fail(self, error: UpstreamError) -> None:
-        sink, self.sink = self.sink, None
+        sink, self.sink, self.out = self.sink, None, b""
         if self.transport is not None:
             self.transport.abort()
         if sink is not None:
@@ -142,6 +152,7 @@ class UpstreamPool:
 
     def __init__(self) -> None:
         self.idle: dict[Address, list[UpstreamConnection]] = defaultdict(list)
+        self.writes = HeldWrites()  # every connection's requests, sent at the end of the loop's turn
 
     def take(self, address: Address) -> UpstreamConnection | None:
         """An idle, open connection to ``address``, or None."""
