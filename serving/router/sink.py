@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from revgate.registry.record_signing import RecordSigner
 from revgate.registry.record_store import ObjectName, RecordStore, RecordStoreUnavailable
-from revgate.serving.router.records import line_bytes
+from revgate.serving.router.records import batch_lines
 
 log = logging.getLogger("revgate.router.sink")
 
@@ -119,37 +119,45 @@ class ObjectSink:
                 self._failed(f"{type(error).__name__}: {error}")
 
     async def flush(self) -> bool:
-        """Write the failed batch, if any, then everything queued; False when the store refused."""
-        if self.pending is None and self.buffer:
-            self.pending = self._batch()
-        while self.pending is not None:
-            name, data, count = self.pending
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.store.put, name.key, data)
-            except RecordStoreUnavailable as error:
-                self._failed(str(error))
-                return False
-            self.pending = None
-            self._succeeded(count)
-            if self.buffer:
-                self.pending = self._batch()
+        """Write the failed batch, if any, then what was queued when the flush began; False when the store refused.
+
+        Records that arrive while an object is being written wait for the next interval: drained in
+        a loop instead, a busy router wrote an object every few milliseconds (each a new file, or an
+        S3 request), not one a second, and the writes cost more than the requests they recorded.
+        """
+        if self.pending is not None and not await self._put():
+            return False
+        if not self.buffer:
+            return True
+        self.pending = self._batch()
+        return await self._put()
+
+    async def _put(self) -> bool:
+        """Write the pending batch; on failure it stays pending, retried as it is."""
+        assert self.pending is not None
+        name, data, count = self.pending
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.store.put, name.key, data)
+        except RecordStoreUnavailable as error:
+            self._failed(str(error))
+            return False
+        self.pending = None
+        self._succeeded(count)
         return True
 
     def _batch(self) -> tuple[ObjectName, bytes, int]:
         """Everything queued, serialised under the next name (serialisation happens here, off the request path)."""
         batch, self.buffer = self.buffer, deque()
-        lines = []
-        for record in batch:
-            try:
-                lines.append(line_bytes(record))
-            except (TypeError, ValueError) as error:  # a record that cannot be written is dropped, counted
-                self.dropped += 1
-                log.error("%s records: dropped one that cannot be serialised: %s", self.kind, error)
+        body, count = batch_lines(batch, self._unwritable)
         name = ObjectName(self.route, self.kind, self.router, int(time.time() * 1000), self.boot, self.sequence,
                           self.dropped)
         self.sequence += 1
-        body = b"".join(lines)
-        return name, body if self.signer is None else self.signer.sign(name.key, body), len(lines)
+        return name, body if self.signer is None else self.signer.sign(name.key, body), count
+
+    def _unwritable(self, error: Exception) -> None:
+        """A record that cannot be written is dropped, counted."""
+        self.dropped += 1
+        log.error("%s records: dropped one that cannot be serialised: %s", self.kind, error)
 
     def _failed(self, error: str) -> None:
         self.failures += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -209,6 +210,35 @@ def metric(router: RouterProcess, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_busy_router_writes_one_object_per_interval_not_one_per_write(farm: UpstreamFarm, tmp_path: Path) -> None:
+    """Records that arrive while an object is written wait for the next interval (the sink once wrote back to
+    back while load lasted: an object every few milliseconds, each a file or an S3 request)."""
+    interval, callers, each = 0.5, 4, 150
+    sink = tmp_path / "sink"
+    flags = ("--records-sink", str(sink), "--router-id", "host-a", "--sink-interval", str(interval))
+    with router_process(tmp_path, ROUTE, snapshot(ROUTE, 1, [farm["a1"]]), extra=flags) as one:
+        complete(one, "warm")
+        wait_until(lambda: sink_health(one)["written_records"] == 1, timeout=20)
+        objects_before = sink_health(one)["written_objects"]
+
+        def caller(number: int) -> None:
+            with httpx.Client(timeout=10) as client:
+                for index in range(each):
+                    response = client.post(f"{one.url}/v1/completions", headers={"x-request-id": f"c{number}-{index}"},
+                                           json={"model": ROUTE, "prompt": "hi", "max_tokens": 2})
+                    assert response.status_code == 200
+
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(callers) as pool:
+            list(pool.map(caller, range(callers)))
+        elapsed = time.monotonic() - started
+        wait_until(lambda: sink_health(one)["written_records"] == 1 + callers * each, timeout=20)
+        written = sink_health(one)["written_objects"] - objects_before
+    # One flush per interval while the load lasted, one more that took its tail, and one of slack for the edges.
+    assert written <= elapsed / interval + 2, f"{written} objects in {elapsed:.1f} s at one per {interval} s"
+    assert len(list(sink.rglob("*.jsonl"))) == objects_before + written
 
 
 def test_an_unreachable_store_keeps_the_router_serving_bounded_and_visible_then_recovers(
