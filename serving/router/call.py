@@ -7,7 +7,6 @@ importing each other.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +38,7 @@ class Call:
     expired: bool = False
     relay: Relay | None = field(default=None)
     deadline: float = 0.0  # loop time
-    timer: asyncio.TimerHandle | None = None
+    deadline_slot: dict[int, Any] | None = None  # where the call waits for its deadline (deadlines.py)
     connection: UpstreamConnection | None = None
     first: int = 0  # the first endpoint tried
     document: Any = None  # the request body's JSON, parsed once at entry (UNREADABLE if it is not JSON)

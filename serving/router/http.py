@@ -77,6 +77,16 @@ class Holds(Protocol):
         ...
 
 
+class Upstream(Protocol):
+    """The connection an exchange reads its answer from: paused while the caller is backed up."""
+
+    def pause(self, sink: Any) -> None:
+        """Stop reading for ``sink``'s exchange."""
+
+    def resume(self, sink: Any) -> None:
+        """Read again for ``sink``'s exchange."""
+
+
 class ServerConnection(asyncio.Protocol):
     """One caller connection."""
 
@@ -98,8 +108,8 @@ class ServerConnection(asyncio.Protocol):
         self.busy = False  # a request is being served (by a task or by callbacks)
         self.paused = self.refused = False
         self.on_lost: Callable[[], None] | None = None  # a callback-served request's cancellation
-        self.on_pause: Callable[[], None] | None = None
-        self.on_resume: Callable[[], None] | None = None
+        self.upstream: Upstream | None = None  # what the exchange in progress reads, paused for a backed-up caller
+        self.upstream_sink: Any = None  # the exchange, as the upstream knows it
         self.write_paused = False  # the caller's socket is backed up: answers wait for it
         self.write_paused_at = 0.0
         self.closed = False
@@ -333,7 +343,7 @@ class ServerConnection(asyncio.Protocol):
 
     def request_done(self) -> None:
         """The request in progress ended: close if asked to, else start the next pipelined one."""
-        self.busy, self.on_lost, self.on_pause, self.on_resume = False, None, None, None
+        self.busy, self.on_lost, self.upstream, self.upstream_sink = False, None, None, None
         self.exchange = None
         if self.close_when_done and self.transport is not None:
             self.close()
@@ -354,24 +364,24 @@ class ServerConnection(asyncio.Protocol):
             on_lost, self.on_lost = self.on_lost, None
             on_lost()
 
-    def attach(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
-        """The exchange in progress reads its upstream through these; it starts paused for a backed-up caller."""
-        self.on_pause, self.on_resume = pause, resume
+    def attach(self, upstream: Upstream, sink: Any) -> None:
+        """The exchange in progress (``sink``) reads ``upstream``; it starts paused for a backed-up caller."""
+        self.upstream, self.upstream_sink = upstream, sink
         if self.write_paused:
-            pause()
+            upstream.pause(sink)
 
     def pause_writing(self) -> None:
         """The caller reads slower than the upstream writes: stop reading upstream."""
         self.write_paused, self.write_paused_at = True, self.watchdog.now
         self.watchdog.write_pauses += 1
-        if self.on_pause is not None:
-            self.on_pause()
+        if self.upstream is not None:
+            self.upstream.pause(self.upstream_sink)
 
     def resume_writing(self) -> None:
         """The caller caught up: the exchange reads on, or the next pipelined request starts."""
         self.write_paused = False
-        if self.on_resume is not None:
-            self.on_resume()
+        if self.upstream is not None:
+            self.upstream.resume(self.upstream_sink)
         if not self.busy:
             self._next()
 

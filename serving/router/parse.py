@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -13,10 +12,11 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"([a-z_]+)"')
 _TEXT_PIECE = re.compile(rb'"(?:text|content)"\s*:\s*"(?:[^"\\]|\\.)+"')
+_INT_VALUE = re.compile(rb'\s*:\s*(\d+)')
+_WORD_VALUE = re.compile(rb'\s*:\s*"([a-z_]+)"')
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(NamedTuple):
     """Token counts and finish reason found in a response body (None where absent)."""
 
     prompt_tokens: int | None
@@ -24,18 +24,29 @@ class Usage:
     finish_reason: str | None
 
 
-def _last_int(pattern: re.Pattern[bytes], body: bytes) -> int | None:
-    found = pattern.findall(body)
-    return int(found[-1]) if found else None
+def _last(body: bytes, key: bytes, value: re.Pattern[bytes], pattern: re.Pattern[bytes]) -> bytes | None:
+    """The group of the last match of ``pattern`` (``key``, then ``value``), looked for from the end, where the
+    usage block and the last finish reason sit: one search back instead of a scan of the whole answer."""
+    at = body.rfind(key)
+    if at < 0:
+        return None
+    found = value.match(body, at + len(key))
+    if found is not None:
+        return found.group(1)
+    matches = pattern.findall(body)  # the last key has no value of that shape: an earlier one may
+    return matches[-1] if matches else None
 
 
 def usage_of(body: bytes, streamed: bool) -> Usage:
     """Counts from the ``usage`` block; for a stream without one, the number of non-empty text deltas."""
-    finish = _FINISH_REASON.findall(body)
-    output = _last_int(_COMPLETION_TOKENS, body)
+    finish = _last(body, b'"finish_reason"', _WORD_VALUE, _FINISH_REASON)
+    output = _last(body, b'"completion_tokens"', _INT_VALUE, _COMPLETION_TOKENS)
+    prompt = _last(body, b'"prompt_tokens"', _INT_VALUE, _PROMPT_TOKENS)
     if output is None and streamed:
-        output = len(_TEXT_PIECE.findall(body))
-    return Usage(_last_int(_PROMPT_TOKENS, body), output, finish[-1].decode() if finish else None)
+        pieces: int | None = len(_TEXT_PIECE.findall(body))
+    else:
+        pieces = None if output is None else int(output)
+    return Usage(None if prompt is None else int(prompt), pieces, None if finish is None else finish.decode())
 
 
 def output_text(body: bytes, streamed: bool) -> str | None:

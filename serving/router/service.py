@@ -19,7 +19,6 @@ import json
 import logging
 import time
 from collections.abc import Coroutine
-from functools import partial
 from typing import Any
 
 from revgate.evaluation.records import CALLER_DEADLINE, ROUTE_DEADLINE, Outcome
@@ -28,6 +27,7 @@ from revgate.manifests.route import RouteSnapshot, RouteStore
 from revgate.serving.router.admin import AdminApi
 from revgate.serving.router.call import Call
 from revgate.serving.router.config import RouterConfig, check_config
+from revgate.serving.router.deadlines import Deadlines, leave
 from revgate.serving.router.ejection import Ejections
 from revgate.serving.router.evidence import RECORD_KEYS, REPLAY_ONLY_KEYS, Recorder, RecordOutlets, declared_labels
 from revgate.serving.router.http import NO_ROUTE, Request, ServerConnection, error_body, serve
@@ -72,7 +72,7 @@ def _send(call: Call, connection: UpstreamConnection, address: Address, relay: R
     fresh connection, the fallback to stable), so every attempt carries the same bytes and the
     caller's backpressure reaches the connection actually serving it.
     """
-    call.caller.attach(partial(connection.pause, relay), partial(connection.resume, relay))
+    call.caller.attach(connection, relay)
     connection.send(request_bytes(call.request.method, call.path, address, call.body,
                                   b"X-Request-Id: " + call.request_id.encode() + b"\r\n"), relay)
 
@@ -91,13 +91,13 @@ def _retries(call: Call) -> int:
 
 
 def _release(call: Call) -> None:
-    """Stop the call's timer and drop the references that would make a cycle of it.
+    """Stop watching the call's deadline and drop the references that would make a cycle of it.
 
     Per-request objects freed by reference counting never wake the cyclic collector.
     """
-    if call.timer is not None:
-        call.timer.cancel()
-        call.timer = None
+    if call.deadline_slot is not None:
+        leave(call.deadline_slot, call)
+        call.deadline_slot = None
     call.connection = None
 
 
@@ -293,7 +293,7 @@ class Router:
         relay = Relay(caller, call.headers, call.request.keep_alive, _retries(call) > 0,
                       on_settled=self._pooled_settled, context=call)
         call.relay = caller.exchange = relay
-        call.timer = self._loop.call_at(call.deadline, self._pooled_expired, call)
+        call.deadline_slot = self.deadlines.add(call, call.deadline)
         caller.on_lost = lambda: self._pooled_lost(call)
         _send(call, connection, call.target.endpoints[first], relay)
 
@@ -514,6 +514,7 @@ class Router:
     async def start(self, host: str, port: int, admin_host: str, admin_port: int) -> None:
         """Load the snapshot, then listen on the public and admin ports."""
         self._loop = asyncio.get_running_loop()  # looked up once: each lookup costs a getpid()
+        self.deadlines = Deadlines(self._loop, self._pooled_expired)
         await self.refresh()
         # Per-request objects die young and hold no cycles; freezing the startup heap and collecting
         # less often keeps the cyclic collector from rescanning it under load.

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from revgate.serving.router.metrics import RouterMetrics
 from revgate.serving.router.parse import UNREADABLE, output_text, parse_body, rewrite_model, usage_of
@@ -20,6 +24,28 @@ def test_usage_from_a_response_and_a_stream() -> None:
     assert (usage.prompt_tokens, usage.output_tokens, usage.finish_reason) == (5, 2, "stop")
     streamed = usage_of(STREAM, streamed=True)
     assert (streamed.output_tokens, streamed.finish_reason) == (2, "length")
+
+
+# What usage_of read before it searched from the end: the last match of each pattern over the whole body.
+_REFERENCE = {name: re.compile(pattern) for name, pattern in (
+    ("prompt", rb'"prompt_tokens"\s*:\s*(\d+)'), ("output", rb'"completion_tokens"\s*:\s*(\d+)'),
+    ("finish", rb'"finish_reason"\s*:\s*"([a-z_]+)"'))}
+_FRAGMENTS = st.sampled_from([
+    b'"prompt_tokens":5', b'"prompt_tokens" : 12', b'"prompt_tokens":null', b'"completion_tokens":7',
+    b'"completion_tokens":  3', b'"completion_tokens":null', b'"completion_tokens":"9"', b'"finish_reason":"stop"',
+    b'"finish_reason":null', b'"finish_reason": "length"', b'"finish_reason":"STOP"', b'"text":"a \\"b\\""',
+    b'"content":"x"', b"data: [DONE]", b",", b"{", b"}", b" ", b'"usage":{',
+])
+
+
+@given(st.lists(_FRAGMENTS, max_size=12))
+def test_usage_searched_from_the_end_reads_what_the_last_match_of_a_full_scan_reads(parts: list[bytes]) -> None:
+    body = b"".join(parts)
+    last = {name: (found[-1] if (found := pattern.findall(body)) else None) for name, pattern in _REFERENCE.items()}
+    usage = usage_of(body, streamed=False)
+    assert usage.prompt_tokens == (None if last["prompt"] is None else int(last["prompt"]))
+    assert usage.output_tokens == (None if last["output"] is None else int(last["output"]))
+    assert usage.finish_reason == (None if last["finish"] is None else last["finish"].decode())
 
 
 def test_output_text_joins_stream_deltas() -> None:

@@ -1,0 +1,56 @@
+"""Deadlines in slots: each call expires once, at or after its deadline; a call that ended never expires."""
+
+from __future__ import annotations
+
+import asyncio
+
+from revgate.serving.router.deadlines import SLOTS_PER_S, Deadlines, leave
+
+
+class Call:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_calls_expire_at_or_after_their_deadline_and_one_that_ended_never_does() -> None:
+    async def run() -> list[tuple[str, float, float]]:
+        loop = asyncio.get_running_loop()
+        fired: list[tuple[str, float, float]] = []
+        due: dict[str, float] = {}
+        deadlines = Deadlines(loop, lambda call: fired.append((call.name, loop.time(), due[call.name])))
+        now = loop.time()
+        for name, after in (("a", 0.02), ("b", 0.021), ("c", 0.05)):
+            due[name] = now + after
+            deadlines.add(Call(name), due[name])
+        ended = Call("ended")
+        leave(deadlines.add(ended, now + 0.02), ended)
+        while deadlines.slots:
+            await asyncio.sleep(1 / SLOTS_PER_S)
+        return fired
+
+    fired = asyncio.run(run())
+    assert sorted(name for name, _, _ in fired) == ["a", "b", "c"]
+    assert all(deadline <= at for _, at, deadline in fired)  # never early
+
+
+def test_a_call_that_ends_while_another_of_its_slot_expires_is_not_expired() -> None:
+    async def run() -> list[str]:
+        loop = asyncio.get_running_loop()
+        fired: list[str] = []
+        calls = [Call("first"), Call("second")]
+        slot: dict[int, object] = {}
+
+        def expire(call: Call) -> None:
+            fired.append(call.name)
+            for other in calls:  # the first to expire ends the other (as one connection's end ends its exchange)
+                leave(slot, other)
+
+        deadlines = Deadlines(loop, expire)
+        at = loop.time() + 0.01
+        for call in calls:
+            slot = deadlines.add(call, at)
+        while deadlines.slots:
+            await asyncio.sleep(0.01)
+        return fired
+
+    assert len(asyncio.run(run())) == 1
