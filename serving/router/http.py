@@ -31,7 +31,7 @@ from typing import Any, Protocol, cast
 import httptools
 
 from revgate.serving.router.limits import Limits, Watchdog, refusal_body
-from revgate.serving.router.writes import HeldWrites
+from revgate.serving.router.writes import SEND_AT_ONCE, HeldWrites
 
 log = logging.getLogger("revgate.router")
 
@@ -53,10 +53,6 @@ REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3
 SERVER_ERROR = b'{"error":{"message":"internal error in the router","type":"internal_error"}}'
 NO_ROUTE = b'{"error":{"message":"no valid route snapshot loaded yet","type":"unavailable"}}'
-# Held answer bytes past this go to the transport at once, not at the end of the turn: the event loop
-# reads up to 32 pieces from one upstream in a turn, and only a write tells a backed-up caller's
-# exchange to stop reading (asyncio's default high-water mark, so small answers still go together).
-SEND_AT_ONCE = 64 * 1024
 
 
 def error_body(message: str, kind: str) -> bytes:

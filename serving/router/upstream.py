@@ -14,7 +14,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from revgate.serving.router.writes import HeldWrites
+from revgate.serving.router.writes import SEND_AT_ONCE, HeldWrites
 
 Address = tuple[str, int]
 MAX_IDLE_PER_ENDPOINT = 512
@@ -67,6 +67,9 @@ class UpstreamConnection(asyncio.Protocol):
         """Write a full request; events go to ``sink``."""
         self.sink, self.headers, self.received = sink, [], False
         assert self.transport is not None
+        if len(request) >= SEND_AT_ONCE:  # a long prompt goes now, not after the rest of the turn's work
+            self.transport.write(request)
+            return
         self.out = request
         self.pool.writes.hold(self)
 

@@ -22,6 +22,12 @@ from typing import Protocol
 
 log = logging.getLogger("revgate.router")
 
+# Held bytes past this go to the transport at once, not at the end of the turn. An answer: the event
+# loop reads up to 32 pieces from one upstream in a turn, and only a write tells a backed-up caller's
+# exchange to stop reading. A request: a long prompt should not wait for the rest of the turn's work.
+# (asyncio's default high-water mark; small answers and requests, the common case, still go together.)
+SEND_AT_ONCE = 64 * 1024
+
 
 class Holder(Protocol):
     """A connection with bytes held for the end of the turn."""
