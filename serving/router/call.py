@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from revgate.serving.router.deadlines import Slot
 from revgate.serving.router.http import Request, ServerConnection
 from revgate.serving.router.relay import Relay
 from revgate.serving.router.split import PinnedRoute, Target
@@ -38,7 +39,7 @@ class Call:
     expired: bool = False
     relay: Relay | None = field(default=None)
     deadline: float = 0.0  # loop time
-    deadline_slot: dict[int, Any] | None = None  # where the call waits for its deadline (deadlines.py)
+    deadline_slot: Slot | None = None  # where the call waits for its deadline
     connection: UpstreamConnection | None = None
     first: int = 0  # the first endpoint tried
     document: Any = None  # the request body's JSON, parsed once at entry (UNREADABLE if it is not JSON)

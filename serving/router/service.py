@@ -27,7 +27,7 @@ from revgate.manifests.route import RouteSnapshot, RouteStore
 from revgate.serving.router.admin import AdminApi
 from revgate.serving.router.call import Call
 from revgate.serving.router.config import RouterConfig, check_config
-from revgate.serving.router.deadlines import Deadlines, leave
+from revgate.serving.router.deadlines import Deadlines
 from revgate.serving.router.ejection import Ejections
 from revgate.serving.router.evidence import RECORD_KEYS, REPLAY_ONLY_KEYS, Recorder, RecordOutlets, declared_labels
 from revgate.serving.router.http import NO_ROUTE, Request, ServerConnection, error_body, serve
@@ -90,13 +90,13 @@ def _retries(call: Call) -> int:
     return call.route.max_retries if retries is None else retries
 
 
-def _release(call: Call) -> None:
+def _release(call: Call, deadlines: Deadlines) -> None:
     """Stop watching the call's deadline and drop the references that would make a cycle of it.
 
     Per-request objects freed by reference counting never wake the cyclic collector.
     """
     if call.deadline_slot is not None:
-        leave(call.deadline_slot, call)
+        deadlines.leave(call.deadline_slot, call)
         call.deadline_slot = None
     call.connection = None
 
@@ -300,7 +300,7 @@ class Router:
     def _pooled_settled(self, relay: Relay) -> None:
         call: Call = relay.context
         relay.context = None
-        _release(call)
+        _release(call, self.deadlines)
         self.metrics.in_flight[call.labels] -= 1
         if not relay.started:  # a retry or a resend on a fresh connection: as a task from here
             call.caller.continue_in(self._serve(call, call.first, relay))
@@ -325,7 +325,7 @@ class Router:
             call.relay.on_settled = call.relay.context = None  # the close below must not report back
         if call.connection is not None:
             call.connection.close()
-        _release(call)
+        _release(call, self.deadlines)
         self.metrics.in_flight[call.labels] -= 1
 
     async def _serve(self, call: Call, first: int, settled: Relay | None = None) -> None:

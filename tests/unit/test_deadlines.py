@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from revgate.serving.router.deadlines import SLOTS_PER_S, Deadlines, leave
+from revgate.serving.router.deadlines import SLOTS_PER_S, Deadlines
 
 
 class Call:
@@ -23,7 +23,7 @@ def test_calls_expire_at_or_after_their_deadline_and_one_that_ended_never_does()
             due[name] = now + after
             deadlines.add(Call(name), due[name])
         ended = Call("ended")
-        leave(deadlines.add(ended, now + 0.02), ended)
+        deadlines.leave(deadlines.add(ended, now + 0.02), ended)
         while deadlines.slots:
             await asyncio.sleep(1 / SLOTS_PER_S)
         return fired
@@ -33,22 +33,36 @@ def test_calls_expire_at_or_after_their_deadline_and_one_that_ended_never_does()
     assert all(deadline <= at for _, at, deadline in fired)  # never early
 
 
+def test_the_last_call_to_leave_a_slot_cancels_its_timer() -> None:
+    async def run() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines(loop, lambda call: None)
+        calls = [Call(str(n)) for n in range(3)]
+        slots = [deadlines.add(call, loop.time() + 60) for call in calls]
+        held = len(deadlines.slots)
+        for slot, call in zip(slots, calls, strict=True):
+            deadlines.leave(slot, call)
+        return held, len(deadlines.slots)
+
+    held, left = asyncio.run(run())
+    assert held >= 1 and left == 0  # no timer is left to wake an idle router a minute later
+
+
 def test_a_call_that_ends_while_another_of_its_slot_expires_is_not_expired() -> None:
     async def run() -> list[str]:
         loop = asyncio.get_running_loop()
         fired: list[str] = []
         calls = [Call("first"), Call("second")]
-        slot: dict[int, object] = {}
+        slots = []
 
         def expire(call: Call) -> None:
             fired.append(call.name)
-            for other in calls:  # the first to expire ends the other (as one connection's end ends its exchange)
-                leave(slot, other)
+            for slot, other in zip(slots, calls, strict=True):  # the first to expire ends the other
+                deadlines.leave(slot, other)
 
         deadlines = Deadlines(loop, expire)
         at = loop.time() + 0.01
-        for call in calls:
-            slot = deadlines.add(call, at)
+        slots.extend(deadlines.add(call, at) for call in calls)
         while deadlines.slots:
             await asyncio.sleep(0.01)
         return fired
