@@ -68,3 +68,19 @@ def test_a_call_that_ends_while_another_of_its_slot_expires_is_not_expired() -> 
         return fired
 
     assert len(asyncio.run(run())) == 1
+
+
+def test_a_deadline_under_a_second_away_fires_at_its_time_not_at_the_end_of_its_slot() -> None:
+    # A caller's 1 ms deadline, rounded up to a 10 ms slot, let an engine answer 200 after 5 ms.
+    async def run() -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines(loop, lambda call: None)
+        now = loop.time()
+        short, long = now + 0.0013, now + 30.0013
+        short_slot, long_slot = deadlines.add(Call("short"), short), deadlines.add(Call("long"), long)
+        assert short_slot.timer is not None and long_slot.timer is not None
+        return short_slot.timer.when() - short, long_slot.timer.when() - long, 1 / SLOTS_PER_S
+
+    short_late, long_late, slot = asyncio.run(run())
+    assert short_late == 0
+    assert 0 < long_late <= slot  # a route's seconds-long deadline still shares its slot's timer
