@@ -316,25 +316,16 @@ def measure_load(name: str, port: int, pid: int, args: argparse.Namespace, workd
 
 # --- systems -------------------------------------------------------------------------------------
 
-# nginx keeping a line per request, as the router keeps a record: JSON, buffered, written once a second.
-NGINX_ACCESS_LOG = """
-  log_format records escape=json '{{"request_id":"$request_id","time":$msec,"status":$status,'
-    '"upstream":"$upstream_addr","upstream_status":"$upstream_status","request_time":$request_time,'
-    '"upstream_response_time":"$upstream_response_time","bytes":$body_bytes_sent,"agent":"$http_user_agent"}}';
-  access_log {workdir}/access.jsonl records buffer=256k flush=1s;"""
-
-
-def nginx_config(workdir: Path, port: int, upstream: int, *, logged: bool = False) -> Path:
-    """nginx as a reverse proxy to ``upstream``; ``logged``: with a JSON access log line per request."""
-    config = workdir / ("nginx-logged.conf" if logged else "nginx.conf")
-    access_log = NGINX_ACCESS_LOG.format(workdir=workdir) if logged else "\n  access_log off;"
+def nginx_config(workdir: Path, port: int, upstream: int) -> Path:
+    config = workdir / "nginx.conf"
     config.write_text(f"""
 worker_processes 1;
 daemon off;
 pid {workdir}/nginx.pid;
 error_log {workdir}/nginx-error.log warn;
 events {{ worker_connections 4096; }}
-http {{{access_log}
+http {{
+  access_log off;
   keepalive_requests 100000000;  # the default (1000) closes a client's connection mid-benchmark
   # Bodies in memory, streamed on: a 220 KB prompt would otherwise go to a temporary file, which the
   # worker (another user when nginx starts as root) cannot create in the bench's private folder.
@@ -470,13 +461,6 @@ def one_round(args: argparse.Namespace, workdir: Path, upstream: int,
     with started(nginx, port, core=PROXY_CORE) as process:
         results["nginx"] = measure_load("nginx", port, process.pid, args, workdir)
 
-    # The same nginx keeping an access log line per request: the like-for-like of a router writing records.
-    port = free_port()
-    nginx = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(workdir), "-c",
-             str(nginx_config(workdir, port, upstream, logged=True))]
-    with started(nginx, port, core=PROXY_CORE) as process:
-        results["nginx_logged"] = measure_load("nginx_logged", port, process.pid, args, workdir)
-
     port = free_port()
     vllm_router = [str(vllm_router_binary()), "--host", "127.0.0.1", "--port", str(port), "--worker-urls",
                    f"http://127.0.0.1:{upstream}", "--policy", "round_robin", "--log-level", "warning",
@@ -533,8 +517,6 @@ RATIOS = {  # name: (system, over system, figure)
     "revgate_sink_cpu_per_req_at_500rps_vs_nginx": ("revgate_sink", "nginx", "cpu_us_per_req_at_500rps"),
     "revgate_sink_cpu_per_req_at_500rps_vs_vllm_router": ("revgate_sink", "vllm_router",
                                                           "cpu_us_per_req_at_500rps"),
-    "revgate_cpu_per_req_vs_nginx_logged": ("revgate", "nginx_logged", "cpu_us_per_req"),
-    "revgate_sink_cpu_per_req_vs_nginx_logged": ("revgate_sink", "nginx_logged", "cpu_us_per_req"),
     "revgate_cpu_per_req_vs_litellm": ("revgate", "litellm", "cpu_us_per_req"),
     "revgate_sink_cpu_per_req_vs_litellm": ("revgate_sink", "litellm", "cpu_us_per_req"),
     "revgate_max_rps_vs_litellm": ("revgate", "litellm", "max_rps"),
@@ -585,14 +567,14 @@ def combine(rounds: list[dict[str, Any]], swaps: list[float]) -> dict[str, Any]:
 def print_table(figures: dict[str, Any]) -> None:
     print(f"\n{'system':<12} {'req/s':>8} {'CPU us/req':>11} {'at 500/s':>9} {'+p50 ms':>9} {'+p99 ms':>9} "
           f"{'+1st chunk ms':>14}")
-    for name in ("direct", "revgate", "revgate_sink", "nginx", "nginx_logged", "vllm_router", "litellm"):
+    for name in ("direct", "revgate", "revgate_sink", "nginx", "vllm_router", "litellm"):
         row = figures[name]
         print(f"{name:<12} {row['max_rps']:>8} {row['cpu_us_per_req']:>11} {row['cpu_us_per_req_at_500rps']:>9} "
               f"{row['added_p50_ms_at_500rps']:>9} "
               f"{row['added_p99_ms_at_500rps']:>9} {row['stream_first_chunk_added_p50_ms']:>14}")
     print("\n220 KB prompts, added time to the first streamed chunk against direct (ms), by concurrent callers")
     print(f"{'system':<12} " + " ".join(f"{'c' + str(c):>8}" for c in CONCURRENCY))
-    for name in ("revgate", "revgate_sink", "nginx", "nginx_logged", "vllm_router", "litellm"):
+    for name in ("revgate", "revgate_sink", "nginx", "vllm_router", "litellm"):
         print(f"{name:<12} " + " ".join(f"{figures[name][f'large_prompt_added_ttft_ms_c{c}']:>8}" for c in CONCURRENCY))
     print(f"swap propagation p99 {figures['swap_propagation_p99_ms']} ms (p50 {figures['swap_propagation_p50_ms']})")
     print(f"medians over {len(figures['rounds'])} rounds; ratios per round:")

@@ -6,8 +6,8 @@ requests whose deadlines fall in one slot share its timer, a request that ends l
 constant time, and the last to leave cancels the slot's timer, so an idle router is not woken for
 deadlines nobody waits on. A deadline fires at most one slot (10 ms) late: nothing next to a route's
 seconds-long deadlines. A deadline under a second away (a caller's own ``x-revgate-timeout-ms``)
-gets a timer at its exact time instead: 10 ms late, a caller's 1 ms deadline was answered 200 by an
-engine that took 5 ms, where the caller had asked for a 504.
+gets a timer at its exact time instead: fired at the end of its slot, a caller's 1 ms deadline let a
+real engine's answer through with a 200 where the caller had asked for a 504.
 """
 
 from __future__ import annotations

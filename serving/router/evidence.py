@@ -7,8 +7,6 @@ finished ``Call`` to ``Recorder.record``; where the records then go is ``RecordO
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from dataclasses import fields
 from typing import Any
@@ -30,7 +28,6 @@ RECORD_KEYS = (
     "error", "output_text", "reference", "caller_request_id", "fallback_from",
 )
 REPLAY_ONLY_KEYS = ("router_request_id",)  # what only a replay knows (the router's id is its request_id)
-log = logging.getLogger("revgate.router")
 if tuple(item.name for item in fields(RequestRecord)) != (*RECORD_KEYS, *REPLAY_ONLY_KEYS):  # pragma: no cover
     raise ImportError("serving.router.evidence: RequestRecord's fields changed; update Recorder.record and RECORD_KEYS")
 
@@ -45,6 +42,14 @@ def e2e_s(record: dict[str, Any]) -> float | None:
     """``RequestRecord.e2e_s`` of a record object."""
     last = record["last_token_s"]
     return None if last is None else float(last - record["arrival_s"])
+
+
+def tpot_s(record: dict[str, Any]) -> float | None:
+    """``RequestRecord.tpot_s`` of a record object."""
+    first, last, tokens = record["first_token_s"], record["last_token_s"], record["output_tokens"]
+    if first is None or last is None or not tokens or tokens < 2:
+        return None
+    return float((last - first) / (tokens - 1))
 
 
 # --- declared labels -------------------------------------------------------------------------
@@ -127,30 +132,12 @@ class RecordOutlets:
 class Recorder:
     """Turns a finished attempt into its record and counts it in the metrics."""
 
-    __slots__ = ("due", "metrics", "record_outputs", "records")
+    __slots__ = ("metrics", "record_outputs", "records")
 
     def __init__(self, records: Sink, metrics: RouterMetrics, *, record_outputs: bool) -> None:
         self.records, self.metrics, self.record_outputs = records, metrics, record_outputs
-        self.due: list[tuple[Call, Outcome, str, int | None, float]] = []
 
-    def later(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> None:
-        """``record``, at the end of the loop's turn, together with the turn's other ended requests."""
-        if not self.due:
-            asyncio.get_running_loop().call_soon(self.record_due)
-        self.due.append((call, outcome, error, status, time.time()))
-
-    def record_due(self) -> None:
-        """Record the requests that ended in this turn; one that cannot be recorded is logged and counted."""
-        due, self.due = self.due, []
-        for call, outcome, error, status, ended in due:
-            try:
-                self.record(call, outcome, error, status, ended)
-            except Exception:
-                log.exception("recording request %s failed", call.request_id)
-                self.metrics.count_event("record_failed", call.route.snapshot.route)
-
-    def record(self, call: Call, outcome: Outcome, error: str, status: int | None = None,
-               ended: float | None = None) -> dict[str, Any]:
+    def record(self, call: Call, outcome: Outcome, error: str, status: int | None = None) -> dict[str, Any]:
         """Queue the attempt's record and count it; the record is a ``RequestRecord``'s JSON object.
 
         Built as that object directly (same keys, same order, so the same line): constructing the
@@ -173,7 +160,7 @@ class Recorder:
             "slices": call.slices,
             "endpoint": call.endpoint,
             "first_token_s": relay.first_s if relay else None,
-            "last_token_s": (relay.last_s or ended or time.time()) if relay else (ended or time.time()),
+            "last_token_s": (relay.last_s or time.time()) if relay else time.time(),
             "prompt_tokens": usage.prompt_tokens,
             "output_tokens": usage.output_tokens,
             "finish_reason": usage.finish_reason,
@@ -184,12 +171,12 @@ class Recorder:
             "caller_request_id": call.caller_request_id,
             "fallback_from": call.fallback_from,
         }
-        self.records.append(record)  # serialised by the writer, in its batch: cheaper than one by one here
+        self.records.append(record)
         self.observe(call, record)
         return record
 
     def observe(self, call: Call, record: dict[str, Any]) -> None:
-        """The record's counts and latencies (``ttft_s``, ``tpot_s``, ``e2e_s``), under its target's labels."""
+        """The record's counts and latencies, under the labels compiled with its target."""
         target, outcome = call.target, record["outcome"]
         labels = target.outcome_labels.get(outcome)
         if labels is None:
@@ -198,12 +185,11 @@ class Recorder:
         metrics.requests[labels] += 1
         if outcome != "ok":
             return
-        short, arrival, first, last = target.labels, call.arrival_s, record["first_token_s"], record["last_token_s"]
-        if last is not None:
-            metrics.e2e.observe(short, last - arrival)
-        if first is None:
-            return
-        metrics.ttft.observe(short, first - arrival)
-        tokens = record["output_tokens"]
-        if last is not None and tokens and tokens >= 2:
-            metrics.tpot.observe(short, (last - first) / (tokens - 1))
+        short = target.labels
+        ttft, tpot, e2e = ttft_s(record), tpot_s(record), e2e_s(record)
+        if ttft is not None:
+            metrics.ttft.observe(short, ttft)
+        if tpot is not None:
+            metrics.tpot.observe(short, tpot)
+        if e2e is not None:
+            metrics.e2e.observe(short, e2e)

@@ -133,8 +133,7 @@ class Router:
         self._poller: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop  # set by start(), before the first request
         # The parts' entry points, bound once: the request path calls them without a lookup through the part.
-        self.recorder = Recorder(self.records, self.metrics, record_outputs=config.record_outputs)
-        self._record, self._record_later = self.recorder.record, self.recorder.later
+        self._record = Recorder(self.records, self.metrics, record_outputs=config.record_outputs).record
         self._offer_shadow = self.shadows.offer
         self.admin_api = AdminApi(self)
         self.admin, self.health = self.admin_api.serve, self.admin_api.health
@@ -503,11 +502,8 @@ class Router:
         # Contained: a defect in recording or in the shadow check must never skip the end of the request
         # (its connection would hang, its in-flight count leak); it is logged and counted instead.
         try:
-            if call.route.shadow is None:
-                self._record_later(call, outcome, error, status)
-                return
             record = self._record(call, outcome, error, status)
-            if outcome == "ok" and call.relay is not None:
+            if outcome == "ok" and call.relay is not None and call.route.shadow is not None:
                 self._offer_shadow(call, call.relay, record)
         except Exception:
             log.exception("recording or shadowing request %s failed", call.request_id)
@@ -538,7 +534,6 @@ class Router:
         """Stop listening and flush records."""
         for server in self._servers:
             server.close()
-        self.recorder.record_due()  # the requests that ended in this turn, before the writers' last flush
         for watchdog in self.watchdogs:
             watchdog.stop()
         if self._poller is not None:
