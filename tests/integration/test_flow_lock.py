@@ -123,7 +123,8 @@ def test_a_route_lock_whose_lease_ended_is_taken_again_and_one_taken_by_another_
 
         end_lease(lock.lease_id)
         assert active_slots(lock_name("lapsed")) == 0  # free: a second rollout could start now
-        assert lock.keep_once()
+        # False is Prefect failing one call (a busy shared server): asked again, as the keeper does.
+        wait_until(lock.keep_once, 30, "one renewal Prefect answers")
         assert lock.taken_again == 1 and "taken again" in said[-1], said
         assert active_slots(lock_name("lapsed")) == 1
         with pytest.raises(RolloutInProgress):
@@ -133,7 +134,7 @@ def test_a_route_lock_whose_lease_ended_is_taken_again_and_one_taken_by_another_
         other = RouteLock("lapsed", 60).take()  # another rollout, started while the slot was free
         try:
             assert taken_by_another(lock)() is None  # not known yet: the keeper has not asked
-            assert lock.keep_once()
+            wait_until(lock.keep_once, 30, "one renewal Prefect answers")
             assert lock.lost and lock.lease_id is None and "another rollout took it" in said[-1], said
             # The heartbeat's watch of the lock: a decision, stop and route back, not a rollout that goes on.
             fault = taken_by_another(lock)()
